@@ -1,0 +1,1 @@
+"""Recipes built on verl. `recipe.darl`: distribution-matched asynchronous RL."""

@@ -1,0 +1,32 @@
+"""D-ARL core: replay buffer, variance-guided selection and the multi-behavior loss.
+
+Plain PyTorch: no Ray, no verl workers or trainer. The verl glue and the tests call these.
+"""
+
+from .buffer import EvictionStats, Group, ReplayBuffer, StepCandidates, gather_recorded
+from .config import ReplayConfig
+from .loss import darl_policy_loss
+from .scoring import finite_samples, group_scores, sample_chi2
+from .selection import Selection, group_multiple, select_groups
+from .weights import BatchWeights, batch_weights, behavior_log_denominator, clip_ranges, truncated_log_rho
+
+__all__ = [
+    "BatchWeights",
+    "EvictionStats",
+    "Group",
+    "ReplayBuffer",
+    "ReplayConfig",
+    "Selection",
+    "StepCandidates",
+    "batch_weights",
+    "behavior_log_denominator",
+    "clip_ranges",
+    "darl_policy_loss",
+    "finite_samples",
+    "gather_recorded",
+    "group_multiple",
+    "group_scores",
+    "sample_chi2",
+    "select_groups",
+    "truncated_log_rho",
+]

@@ -1,0 +1,107 @@
+"""The `replay:` config section (DESIGN.md section 6), typed and validated."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Optional
+
+BehaviorWeight = Literal["own", "pmis"]
+SourceWeight = Literal["ess", "tokens"]
+Rescore = Literal["all", "lazy"]
+
+
+@dataclass
+class ReplayConfig:
+    """Every key of `replay.*`. Build with `ReplayConfig.from_dict` to reject unknown keys."""
+
+    enable: bool = False
+    k: int = 4
+    pmis: bool = True
+    warmup: int = 5
+    max_score: Optional[float] = None
+    filter_zero_adv: bool = True
+    max_reuse: Optional[int] = None
+    max_groups: Optional[int] = None
+    behavior_weight: Optional[BehaviorWeight] = None
+    source_weight: Optional[SourceWeight] = None
+    clip_decay: float = 1.0
+    stop_grad: bool = True
+    rescore: Rescore = "all"
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid replay config:\n  " + "\n  ".join(problems))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "ReplayConfig":
+        """Builds from a plain mapping; unknown keys are an error (a typo must not run the baseline)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown replay key(s): {', '.join('replay.' + u for u in unknown)}; "
+                f"known keys: {', '.join(sorted(known))}"
+            )
+        return cls(**dict(values))
+
+    def problems(self) -> list[str]:
+        """Every problem with the values, each naming its key (empty when valid)."""
+        out: list[str] = []
+        for name in ("enable", "pmis", "filter_zero_adv", "stop_grad"):
+            if not isinstance(getattr(self, name), bool):
+                out.append(f"replay.{name} must be a bool, got {getattr(self, name)!r}")
+        if not _is_int(self.k) or self.k < 1:
+            out.append(f"replay.k must be an integer >= 1, got {self.k!r}")
+        if not _is_int(self.warmup) or self.warmup < 0:
+            out.append(f"replay.warmup must be an integer >= 0, got {self.warmup!r}")
+        if self.max_score is not None:
+            if not _is_number(self.max_score) or not self.max_score > 0:
+                out.append(f"replay.max_score must be null or > 0, got {self.max_score!r}")
+            elif self.pmis is False:
+                out.append("replay.max_score needs replay.pmis=true: with pmis=false nothing is scored")
+        for name in ("max_reuse", "max_groups"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                out.append(f"replay.{name} must be null or an integer >= 1, got {value!r}")
+        if self.behavior_weight not in (None, "own", "pmis"):
+            out.append(f"replay.behavior_weight must be null, 'own' or 'pmis', got {self.behavior_weight!r}")
+        if self.source_weight not in (None, "ess", "tokens"):
+            out.append(f"replay.source_weight must be null, 'ess' or 'tokens', got {self.source_weight!r}")
+        if not _is_number(self.clip_decay) or not 0.0 < self.clip_decay <= 1.0:
+            out.append(f"replay.clip_decay must be in (0, 1], got {self.clip_decay!r}")
+        if self.rescore not in ("all", "lazy"):
+            out.append(f"replay.rescore must be 'all' or 'lazy', got {self.rescore!r}")
+        return out
+
+    def problems_with_budget(self, train_batch_size: int) -> list[str]:
+        """Problems that need the step's group budget B (`data.train_batch_size`)."""
+        if self.max_groups is not None and _is_int(self.max_groups) and self.max_groups < train_batch_size:
+            return [
+                f"replay.max_groups={self.max_groups} is below the batch budget "
+                f"data.train_batch_size={train_batch_size}: the buffer could never hold a full batch"
+            ]
+        return []
+
+    @property
+    def resolved_behavior_weight(self) -> BehaviorWeight:
+        """`behavior_weight`, or what the `pmis` preset implies when it is null."""
+        if self.behavior_weight is not None:
+            return self.behavior_weight
+        return "pmis" if self.pmis else "own"
+
+    @property
+    def resolved_source_weight(self) -> SourceWeight:
+        """`source_weight`, or what the `pmis` preset implies when it is null."""
+        if self.source_weight is not None:
+            return self.source_weight
+        return "ess" if self.pmis else "tokens"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,90 @@
+"""The multi-behavior clipped objective, per micro-batch (DESIGN.md section 4).
+
+l = -rho_bar * min(r A, clip(r, 1 - eps_low_v, 1 + eps_high_v) A), with verl's dual clip for A < 0,
+and L = sum over tokens of token_coef * l. `token_coef` (alpha_v / tokens(S_v), from
+`weights.batch_weights`) already normalizes over the whole mini-batch, so summing this loss over
+any cut of the mini-batch into micro-batches gives the same value and gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from .scoring import LOG_RATIO_BOUND
+from .weights import truncated_log_rho
+
+ClipRange = Union[float, torch.Tensor]  # a float, or [B] per sample (clip decay per source)
+
+
+def darl_policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    log_denominator: torch.Tensor,
+    token_coef: torch.Tensor,
+    clip_low: ClipRange,
+    clip_high: ClipRange,
+    threshold: float,
+    clip_ratio_c: float = 3.0,
+    stop_grad: bool = True,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Scalar loss of one micro-batch and detached per-token statistics.
+
+    All tensors [B, L] except clip_low/high ([B] or float). log_prob is log pi_theta (with grad),
+    old_log_prob log pi_old. rho = exp(log_target - log_denominator) truncated at `threshold`, where
+    log_target is log pi_old (stop_grad, a constant) or log pi_theta (stop_grad=False: the gradient
+    flows through rho). Tokens with coefficient 0 (padding, invalid samples) contribute nothing, and
+    their inputs are replaced before any arithmetic so a NaN there cannot reach the gradient.
+    """
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"darl_policy_loss: clip_ratio_c must be > 1, got {clip_ratio_c}")
+    shape = log_prob.shape
+    for name, t in (("old_log_prob", old_log_prob), ("advantages", advantages), ("response_mask", response_mask),
+                    ("log_denominator", log_denominator), ("token_coef", token_coef)):
+        if t.shape != shape:
+            raise ValueError(f"darl_policy_loss: {name} has shape {tuple(t.shape)}, log_prob has {tuple(shape)}")
+    keep = response_mask.bool() & (token_coef != 0)
+    safe_lp = torch.where(keep, log_prob, log_prob.detach())
+    old = torch.where(keep, old_log_prob, safe_lp.detach())
+    adv = torch.where(keep, advantages, 0.0)
+    denom = torch.where(keep, log_denominator, old)
+    coef = torch.where(keep, token_coef, 0.0)
+
+    log_ratio = (safe_lp - old).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    ratio = log_ratio.exp()
+    low = _per_token(clip_low, shape, ratio)
+    high = _per_token(clip_high, shape, ratio)
+
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    pg = torch.maximum(unclipped, clipped)
+    pg = torch.where(adv < 0, torch.minimum(-adv * clip_ratio_c, pg), pg)
+
+    log_target = old if stop_grad else safe_lp
+    rho_bar = truncated_log_rho(log_target, denom, threshold).exp()
+    if stop_grad:
+        rho_bar = rho_bar.detach()
+    loss = (coef * rho_bar * pg).sum()
+
+    stats = {
+        "clipped": (clipped > unclipped) & keep,
+        "rho_bar": rho_bar.detach(),
+        "neg_approx_kl": log_ratio.detach(),
+        "keep": keep,
+    }
+    return loss, stats
+
+
+def _per_token(value: ClipRange, shape: torch.Size, like: torch.Tensor) -> torch.Tensor | float:
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 1:
+            if value.shape[0] != shape[0]:
+                raise ValueError(f"darl_policy_loss: per-sample clip range has {value.shape[0]} rows, batch has {shape[0]}")
+            return value.to(like).unsqueeze(-1)
+        if value.shape != shape:
+            raise ValueError(f"darl_policy_loss: clip range shape {tuple(value.shape)} does not match {tuple(shape)}")
+        return value.to(like)
+    return value

@@ -1,0 +1,34 @@
+"""Ragged <-> padded conversion of per-response token rows (no Python loop over rows)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def pack_rows(padded: torch.Tensor, lengths: torch.Tensor, left_padded: bool = False) -> torch.Tensor:
+    """Concatenates the first (or, left-padded, the last) `lengths[i]` entries of each row.
+
+    padded: [n, W]; lengths: [n] ints <= W. Returns [sum(lengths)].
+    """
+    if padded.dim() != 2 or lengths.shape != (padded.shape[0],):
+        raise ValueError(f"pack_rows: padded must be [n, W] and lengths [n], got {tuple(padded.shape)} and {tuple(lengths.shape)}")
+    width = padded.shape[1]
+    cols = torch.arange(width, device=padded.device).unsqueeze(0)
+    lengths = lengths.to(padded.device).unsqueeze(1)
+    keep = cols >= width - lengths if left_padded else cols < lengths
+    return padded[keep]
+
+
+def unpack_rows(
+    flat: torch.Tensor, lengths: torch.Tensor, width: int, pad_value: float | int = 0, left_padded: bool = False
+) -> torch.Tensor:
+    """Inverse of `pack_rows`: [sum(lengths)] -> [n, width], padded with `pad_value`."""
+    if lengths.numel() and int(lengths.max()) > width:
+        raise ValueError(f"unpack_rows: a row of length {int(lengths.max())} does not fit width={width}")
+    n = lengths.shape[0]
+    out = torch.full((n, width), pad_value, dtype=flat.dtype, device=flat.device)
+    cols = torch.arange(width, device=flat.device).unsqueeze(0)
+    lengths = lengths.to(flat.device).unsqueeze(1)
+    keep = cols >= width - lengths if left_padded else cols < lengths
+    out[keep] = flat
+    return out

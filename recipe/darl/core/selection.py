@@ -1,0 +1,77 @@
+"""Which candidate groups a step trains on (DESIGN.md section 3)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class Selection:
+    """Result of `select_groups`: indices into the candidate list, in training order."""
+
+    selected: list[int]
+    eligible: int  # candidates whose score passed the threshold (all of them when unscored)
+    budget: int  # groups the step could take: B rounded down to the group multiple
+    skipped: bool  # fewer eligible groups than the workers' minimum: no update this step
+    reason: str = ""
+
+
+def group_multiple(n: int, ppo_mini_batch_size: int, dp_size: int) -> int:
+    """Smallest number of groups the workers accept: a multiple of it must be selected.
+
+    verl splits a step's n * groups samples into mini-batches of `ppo_mini_batch_size * n` and
+    shards them over `dp_size` ranks, so the group count must divide by `ppo_mini_batch_size`
+    and n * groups by `dp_size`.
+    """
+    for name, value in (("n", n), ("ppo_mini_batch_size", ppo_mini_batch_size), ("dp_size", dp_size)):
+        if value < 1:
+            raise ValueError(f"group_multiple: {name} must be >= 1, got {value}")
+    per_dp = dp_size // math.gcd(dp_size, n)
+    return math.lcm(ppo_mini_batch_size, per_dp)
+
+
+def select_groups(
+    budget: int,
+    versions: torch.Tensor,
+    arrival: torch.Tensor,
+    scores: Optional[torch.Tensor] = None,
+    max_score: Optional[float] = None,
+    multiple: int = 1,
+) -> Selection:
+    """Fills the group budget.
+
+    versions, arrival: [G] ints (behavior version, arrival order); scores: [G] chi2 group scores.
+    With scores: eligible = finite score <= max_score (any finite one when max_score is None), filled by
+    ascending score, ties broken by newer version then earlier arrival. Without scores (`pmis: false`):
+    newest version first, then arrival order. The count is rounded down to `multiple`.
+    """
+    if budget < 1:
+        raise ValueError(f"select_groups: budget must be >= 1, got {budget}")
+    if multiple < 1:
+        raise ValueError(f"select_groups: multiple must be >= 1, got {multiple}")
+    if max_score is not None and not max_score > 0:
+        raise ValueError(f"select_groups: max_score must be > 0, got {max_score}")
+    num = versions.shape[0]
+    if arrival.shape != (num,) or (scores is not None and scores.shape != (num,)):
+        raise ValueError("select_groups: versions, arrival and scores must all be [G]")
+
+    keys_v = versions.tolist()
+    keys_a = arrival.tolist()
+    if scores is None:
+        if max_score is not None:
+            raise ValueError("select_groups: max_score needs scores (pmis=true)")
+        order = sorted(range(num), key=lambda i: (-keys_v[i], keys_a[i]))
+    else:
+        keys_s = scores.tolist()
+        limit = math.inf if max_score is None else max_score
+        order = sorted((i for i in range(num) if math.isfinite(keys_s[i]) and keys_s[i] <= limit), key=lambda i: (keys_s[i], -keys_v[i], keys_a[i]))
+    cap = (budget // multiple) * multiple
+    take = (min(cap, len(order)) // multiple) * multiple
+    if take == 0:
+        reason = f"{len(order)} eligible group(s), the workers need a multiple of {multiple}"
+        return Selection([], len(order), cap, True, reason)
+    return Selection(order[:take], len(order), cap, False)

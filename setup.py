@@ -1,0 +1,16 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="darl",
+    version="0.1.0",
+    description="D-ARL: distribution-matched asynchronous RL for LLM reasoning, built on verl",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["recipe", "recipe.*"]),
+    package_data={"recipe.darl": ["config/*.yaml"]},
+    install_requires=["verl==0.9.1"],
+)
