@@ -23,7 +23,7 @@ from .config import ReplayConfig
 from .packing import pack_rows, unpack_rows
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: two groups are never "equal" by content
 class Group:
     """One prompt's n responses: the unit of storage, selection and eviction.
 
