@@ -20,25 +20,33 @@ def finite_samples(response_mask: torch.Tensor, *log_probs: torch.Tensor) -> tor
     return ok
 
 
-def sample_chi2(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+def sample_chi2(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, chunk_rows: int = 64
+) -> torch.Tensor:
     """[B] mean over each sample's response tokens of (w - 1)^2, w = exp(clamp(log pi_old - log mu, +-20)).
 
     All inputs [B, L]. Samples with no response token, or a non-finite log-prob at one, score +inf
-    (never eligible) instead of NaN.
+    (never eligible) instead of NaN. Works through `chunk_rows` rows at a time, in place, so the
+    working set stays in cache: a candidate set is up to K times a training batch.
     """
     if not (old_log_probs.shape == rollout_log_probs.shape == response_mask.shape):
         raise ValueError(
             "sample_chi2: old_log_probs, rollout_log_probs and response_mask must share a shape, got "
             f"{tuple(old_log_probs.shape)}, {tuple(rollout_log_probs.shape)}, {tuple(response_mask.shape)}"
         )
-    mask = response_mask.bool()
-    delta = torch.nan_to_num(old_log_probs.float() - rollout_log_probs.float(), nan=0.0)
-    w = torch.exp(delta.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
-    sq = torch.where(mask, (w - 1.0).square(), torch.zeros_like(w))
-    count = mask.sum(dim=-1)
-    score = sq.sum(dim=-1) / count.clamp(min=1)
-    bad = (count == 0) | ~finite_samples(mask, old_log_probs, rollout_log_probs)
-    return torch.where(bad, torch.full_like(score, float("inf")), score)
+    rows = old_log_probs.shape[0]
+    scores = torch.empty(rows, dtype=torch.float32, device=old_log_probs.device)
+    counts = response_mask.sum(dim=-1)
+    for start in range(0, rows, chunk_rows):
+        part = slice(start, start + chunk_rows)
+        mask = response_mask[part].bool()
+        # a difference is non-finite exactly when one of its log-probs is (or both are absurd)
+        delta = torch.where(mask, old_log_probs[part].float() - rollout_log_probs[part].float(), 0.0)
+        finite = torch.isfinite(delta.sum(dim=-1))
+        # padding has delta 0, so (w - 1)^2 = 0 there: no second mask needed
+        sq_sum = delta.clamp_(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp_().sub_(1.0).square_().sum(dim=-1)
+        scores[part] = torch.where(finite, sq_sum, float("inf"))
+    return torch.where(counts > 0, scores / counts.clamp(min=1), float("inf"))
 
 
 def group_scores(sample_scores: torch.Tensor, group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
