@@ -37,14 +37,24 @@ class ReplayConfig:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "ReplayConfig":
         """Builds from a plain mapping; unknown keys are an error (a typo must not run the baseline)."""
+        problems = cls.problems_of(values)
+        if problems:
+            raise ValueError("invalid replay config:\n  " + "\n  ".join(problems))
+        return cls(**dict(values))
+
+    @classmethod
+    def problems_of(cls, values: Mapping[str, Any]) -> list[str]:
+        """Every problem of a plain mapping of replay keys: unknown keys, then bad values."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
+        problems = []
         if unknown:
-            raise ValueError(
-                f"unknown replay key(s): {', '.join('replay.' + u for u in unknown)}; "
-                f"known keys: {', '.join(sorted(known))}"
-            )
-        return cls(**dict(values))
+            problems.append(f"unknown replay key(s): {', '.join('replay.' + u for u in unknown)}; "
+                            f"known keys: {', '.join(sorted(known))}")
+        unchecked = object.__new__(cls)  # skips __post_init__: collect problems instead of raising the first
+        for f in dataclasses.fields(cls):
+            setattr(unchecked, f.name, values.get(f.name, f.default))
+        return problems + unchecked.problems()
 
     def problems(self) -> list[str]:
         """Every problem with the values, each naming its key (empty when valid)."""

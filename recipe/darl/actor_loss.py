@@ -1,0 +1,93 @@
+"""The D-ARL loss as a verl actor loss function, installed with `actor_wg.set_loss_fn`.
+
+It has the signature of verl's `workers/utils/losses.py::ppo_loss` and adds entropy and KL terms
+the same way; the policy term is `core.darl_policy_loss`. The driver puts four per-token tensors
+in the batch (all [batch, response_length], float32):
+
+- `darl_log_denominator`: log of rho's denominator (log mu_v for `own`, the balance heuristic for `pmis`)
+- `darl_token_coef`: alpha_v / tokens(S_v) within the sample's mini-batch (0 for invalid samples)
+- `darl_clip_low`, `darl_clip_high`: the sample's clip range, clip decay applied
+
+Because `darl_token_coef` is normalized over the global mini-batch, the micro-batch loss is a plain
+sum scaled by dp_size (FSDP averages gradients over ranks), independent of micro-batch cuts.
+"""
+
+from __future__ import annotations
+
+from tensordict import TensorDict
+from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+from verl.utils.metric import AggregationType, Metric
+from verl.workers.config import ActorConfig
+from verl.workers.utils.padding import no_padding_2_padding
+
+from .core.loss import darl_policy_loss
+
+BATCH_KEYS = ("darl_log_denominator", "darl_token_coef", "darl_clip_low", "darl_clip_high")
+
+
+def darl_loss(
+    config: ActorConfig, model_output, data: TensorDict, dp_group=None, *, threshold: float, stop_grad: bool
+):
+    """verl loss function: returns (loss, metrics) for one micro-batch."""
+    missing = [k for k in BATCH_KEYS if k not in data.keys()]
+    if missing:
+        raise KeyError(f"darl_loss: the batch lacks {missing}; the D-ARL trainer must put them there")
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    entropy = model_output.get("entropy", None)
+    if entropy is not None:
+        entropy = no_padding_2_padding(entropy, data)
+
+    dp_size = data["dp_size"]
+    config.global_batch_info["dp_size"] = dp_size
+    config.global_batch_info["batch_num_tokens"] = data["batch_num_tokens"]
+    config.global_batch_info["global_batch_size"] = data["global_batch_size"]
+    config.global_batch_info["loss_scale_factor"] = config.loss_scale_factor
+
+    fields = ["response_mask", "old_log_probs", "advantages", *BATCH_KEYS]
+    if "ref_log_prob" in data:
+        fields.append("ref_log_prob")
+    data = data.select(*fields).to_padded_tensor()
+    response_mask = data["response_mask"].to(bool)
+
+    pg_sum, stats = darl_policy_loss(
+        log_prob=log_prob,
+        old_log_prob=data["old_log_probs"],
+        advantages=data["advantages"],
+        response_mask=response_mask,
+        log_denominator=data["darl_log_denominator"],
+        token_coef=data["darl_token_coef"],
+        clip_low=data["darl_clip_low"],
+        clip_high=data["darl_clip_high"],
+        threshold=threshold,
+        clip_ratio_c=config.get("clip_ratio_c", 3.0),
+        stop_grad=stop_grad,
+    )
+    # token_coef sums to 1 over the global mini-batch; FSDP averages gradients over dp ranks
+    pg_loss = pg_sum * dp_size
+    keep = stats["keep"]
+    kept = keep.sum().clamp(min=1)
+    metrics = {
+        "actor/pg_loss": Metric(value=pg_loss, aggregation=AggregationType.SUM),
+        "actor/pg_clipfrac": Metric(value=(stats["clipped"].sum() / kept).item(), aggregation=AggregationType.MEAN),
+        "actor/ppo_kl": Metric(value=(-(stats["neg_approx_kl"] * keep).sum() / kept).item(), aggregation=AggregationType.MEAN),
+        "replay/rho_bar_mean": Metric(value=((stats["rho_bar"] * keep).sum() / kept).item(), aggregation=AggregationType.MEAN),
+    }
+    policy_loss = pg_loss
+
+    if entropy is not None:
+        entropy_loss = agg_loss(
+            loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode, **config.global_batch_info
+        )
+        policy_loss = policy_loss - config.entropy_coeff * entropy_loss
+        metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=AggregationType.SUM)
+
+    if config.use_kl_loss:
+        kld = kl_penalty(logprob=log_prob, ref_logprob=data["ref_log_prob"], kl_penalty=config.kl_loss_type)
+        kl_loss = agg_loss(
+            loss_mat=kld, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode, **config.global_batch_info
+        )
+        policy_loss = policy_loss + kl_loss * config.kl_loss_coef
+        metrics["kl_loss"] = Metric(value=kl_loss, aggregation=AggregationType.SUM)
+        metrics["kl_coef"] = config.kl_loss_coef
+
+    return policy_loss, metrics

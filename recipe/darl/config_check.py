@@ -1,0 +1,158 @@
+"""Checks of a composed D-ARL config, run before Ray starts; every problem is reported at once.
+
+Also maps the seed's verl-0.6 aliases `algorithm.rollout_is` (bool) and
+`algorithm.rollout_is_threshold` (float) onto verl 0.9.1's `algorithm.rollout_correction`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from .core import group_multiple
+from .core.config import ReplayConfig
+
+VERL_DEFAULT_THRESHOLD = 2.0
+GROUP_ESTIMATORS = {"grpo", "rloo", "grpo_passk", "opo", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline"}
+
+
+class ConfigError(ValueError):
+    """A config the D-ARL trainer cannot run; the message lists every problem, one per line."""
+
+
+def apply_seed_aliases(cfg: DictConfig) -> list[str]:
+    """Moves `algorithm.rollout_is(_threshold)` onto `algorithm.rollout_correction` and deletes them.
+
+    Returns the contradictions found (empty when the aliases agree with what is set, or are unset).
+    """
+    problems = []
+    algo = cfg.algorithm
+    corr = algo.rollout_correction
+    alias_is = algo.get("rollout_is", None)
+    alias_thr = algo.get("rollout_is_threshold", None)
+    if alias_is is not None:
+        if not isinstance(alias_is, bool):
+            problems.append(f"algorithm.rollout_is must be a bool (the seed's alias), got {alias_is!r}")
+        elif alias_is and corr.rollout_is not in (None, "token"):
+            problems.append(f"algorithm.rollout_is=true (token-level IS) contradicts "
+                            f"algorithm.rollout_correction.rollout_is={corr.rollout_is!r}")
+        elif not alias_is and corr.rollout_is is not None:
+            problems.append(f"algorithm.rollout_is=false contradicts algorithm.rollout_correction.rollout_is={corr.rollout_is!r}")
+        elif alias_is:
+            corr.rollout_is = "token"
+    if alias_thr is not None:
+        current = corr.rollout_is_threshold
+        if _number(current) and float(current) not in (float(VERL_DEFAULT_THRESHOLD), float(alias_thr)):
+            problems.append(f"algorithm.rollout_is_threshold={alias_thr} contradicts "
+                            f"algorithm.rollout_correction.rollout_is_threshold={current}")
+        else:
+            corr.rollout_is_threshold = alias_thr
+    with open_dict(algo):  # verl's AlgoConfig dataclass does not know the aliases
+        algo.pop("rollout_is", None)
+        algo.pop("rollout_is_threshold", None)
+    return problems
+
+
+def check_config(cfg: DictConfig) -> list[str]:
+    """Every problem of a composed config (after `apply_seed_aliases`), each naming its key."""
+    problems: list[str] = []
+    replay_values: dict[str, Any] = OmegaConf.to_container(cfg.get("replay", {}) or {}, resolve=True)
+    problems += ReplayConfig.problems_of(replay_values)
+    enabled = bool(replay_values.get("enable", False))
+    pmis = bool(replay_values.get("pmis", True))
+    arr = cfg.actor_rollout_ref
+    corr = cfg.algorithm.rollout_correction
+
+    threshold = corr.rollout_is_threshold
+    if _number(threshold) and float(threshold) <= 0:
+        problems.append(f"algorithm.rollout_correction.rollout_is_threshold must be > 0, got {threshold}")
+    if arr.hybrid_engine:
+        problems.append("actor_rollout_ref.hybrid_engine=true: the one-step-off trainer runs rollout on its own GPUs; set it false")
+    if not arr.rollout.get("name"):
+        problems.append("actor_rollout_ref.rollout.name is required (e.g. vllm)")
+    if arr.rollout.get("mode", "async") != "async":
+        problems.append(f"actor_rollout_ref.rollout.mode must be async, got {arr.rollout.mode!r}")
+
+    bypass = bool(corr.get("bypass_mode", False))
+    if enabled:
+        if bypass:
+            problems.append("replay.enable=true needs decoupled mode: set algorithm.rollout_correction.bypass_mode=false "
+                            "(replayed samples need old log-probs recomputed by the current weights)")
+        if not arr.rollout.get("calculate_log_probs", False):
+            problems.append("replay.enable=true needs actor_rollout_ref.rollout.calculate_log_probs=true "
+                            "(behavior log-probs for scoring and " + ("pmis weights)" if pmis else "IS weights)"))
+        if not _number(threshold):
+            problems.append(f"replay needs a float algorithm.rollout_correction.rollout_is_threshold (C), got {threshold!r}")
+        if corr.get("rollout_is") == "sequence":
+            problems.append("replay uses token-level weights: algorithm.rollout_correction.rollout_is must be null or token, got 'sequence'")
+        if corr.get("rollout_rs") is not None:
+            problems.append("algorithm.rollout_correction.rollout_rs is not supported with replay.enable=true (it would change the masks of selected samples)")
+        if cfg.algorithm.adv_estimator not in GROUP_ESTIMATORS:
+            problems.append(f"replay stores whole groups for a group-relative estimator; algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} is not one")
+        if arr.actor.get("shuffle", False):
+            problems.append("actor_rollout_ref.actor.shuffle=true: D-ARL's per-mini-batch source weights need verl's sequential mini-batches; set it false")
+    elif bypass and (corr.get("rollout_is") is not None or corr.get("rollout_rs") is not None or corr.get("loss_type", "ppo_clip") != "ppo_clip"):
+        problems.append("algorithm.rollout_correction.bypass_mode=true with rollout_is/rollout_rs/loss_type set: verl 0.9.1 "
+                        "binds the worker's loss at init and would silently ignore them; use bypass_mode=false (decoupled)")
+
+    problems += _batch_problems(cfg, replay_values if enabled else None)
+    problems += _path_problems(cfg)
+    return problems
+
+
+def validate_or_raise(cfg: DictConfig) -> None:
+    """Applies the aliases and raises `ConfigError` listing every problem."""
+    problems = apply_seed_aliases(cfg)
+    problems += check_config(cfg)
+    if problems:
+        raise ConfigError("the D-ARL config has {} problem(s):\n  - {}".format(len(problems), "\n  - ".join(problems)))
+
+
+def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
+    problems = []
+    arr = cfg.actor_rollout_ref
+    n = int(arr.rollout.n)
+    budget = int(cfg.data.train_batch_size)
+    mini = int(arr.actor.ppo_mini_batch_size)
+    sp = int(arr.actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    dp = max(1, int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes) // sp)
+    if mini < 1 or budget < 1 or n < 1:
+        return [f"data.train_batch_size ({budget}), actor_rollout_ref.actor.ppo_mini_batch_size ({mini}) and "
+                f"actor_rollout_ref.rollout.n ({n}) must be >= 1"]
+    if budget % mini:
+        problems.append(f"data.train_batch_size={budget} must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size={mini}")
+    if (mini * n) % dp:
+        problems.append(f"actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n = {mini * n} samples must divide over {dp} data-parallel ranks")
+    if replay_values is not None:
+        multiple = group_multiple(n, mini, dp)
+        if multiple > budget:
+            problems.append(f"the selection must take a multiple of {multiple} groups (mini-batch {mini}, n {n}, dp {dp}) "
+                            f"but data.train_batch_size={budget} is smaller")
+        max_groups = replay_values.get("max_groups")
+        if isinstance(max_groups, int) and not isinstance(max_groups, bool) and max_groups < budget:
+            problems.append(f"replay.max_groups={max_groups} is below the batch budget data.train_batch_size={budget}")
+    return problems
+
+
+def _path_problems(cfg: DictConfig) -> list[str]:
+    problems = []
+    model_path = cfg.actor_rollout_ref.model.get("path")
+    if not model_path:
+        problems.append("actor_rollout_ref.model.path is not set")
+    elif model_path.startswith(("/", "~", ".")) and not os.path.exists(os.path.expanduser(model_path)):
+        problems.append(f"actor_rollout_ref.model.path={model_path} does not exist")
+    for key in ("train_files", "val_files"):
+        files = cfg.data.get(key)
+        if files is None:
+            problems.append(f"data.{key} is not set")
+            continue
+        for f in [files] if isinstance(files, str) else list(files):
+            if "://" not in f and not os.path.exists(os.path.expanduser(f)):
+                problems.append(f"data.{key}: {f} does not exist")
+    return problems
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,228 @@
+"""Driver-side glue between verl's DataProto and the D-ARL core (no Ray, no workers).
+
+- `groups_from_batch`: a fresh, rewarded batch -> `Group`s (by `uid`, version = `min_global_steps`)
+- `batch_from_groups`: groups -> a padded DataProto in verl's layout (the merged candidate batch)
+- `minibatch_index`: which optimizer mini-batch each sample lands in, as verl's actor splits it
+- `loss_inputs`: the four per-token tensors `actor_loss.darl_loss` reads
+- `replay_metrics`: the `replay/` metrics of one step
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from verl import DataProto
+from verl.utils.model import compute_position_id_with_mask
+
+from .core import BatchWeights, Group, Selection, StepCandidates, batch_weights, clip_ranges, gather_recorded
+from .core.config import ReplayConfig
+
+# tensor keys of a generated batch that groups can rebuild; any other key is an error, not a silent drop
+REBUILT_KEYS = {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
+                "rollout_log_probs", "rm_scores", "token_level_scores"}
+VERSION_KEY = "min_global_steps"
+
+
+def groups_from_batch(batch: DataProto, scores: torch.Tensor) -> list[Group]:
+    """Packs a generated batch into groups, in order of first appearance of each `uid`.
+
+    scores: [B, L] token-level rewards (verl puts the sequence score at the last response token).
+    Every non-tensor field is kept per sample.
+    """
+    extra = sorted(set(batch.batch.keys()) - REBUILT_KEYS)
+    if extra:
+        raise ValueError(f"replay cannot store batch keys {extra} (multi-modal or MoE routing data are not supported)")
+    for key in ("uid", VERSION_KEY):
+        if key not in batch.non_tensor_batch:
+            raise KeyError(f"replay needs the non-tensor field {key!r} in the generated batch")
+    if "rollout_log_probs" not in batch.batch.keys():
+        raise KeyError("replay needs rollout_log_probs: set actor_rollout_ref.rollout.calculate_log_probs=true")
+    if batch.batch["position_ids"].dim() != 2:
+        raise ValueError("replay supports text models only (position_ids must be [batch, seq])")
+
+    prompts = batch.batch["prompts"]
+    width_p = prompts.shape[1]
+    attention = batch.batch["attention_mask"]
+    prompt_lengths = attention[:, :width_p].sum(-1)
+    response_lengths = attention[:, width_p:].sum(-1)
+    versions = batch.non_tensor_batch[VERSION_KEY]
+    if any(v is None for v in versions):
+        raise ValueError(f"some samples have no {VERSION_KEY}: the rollout server must return version stamps")
+
+    rows_of: OrderedDict[str, list[int]] = OrderedDict()
+    for i, uid in enumerate(batch.non_tensor_batch["uid"]):
+        rows_of.setdefault(str(uid), []).append(i)
+    groups = []
+    for uid, rows in rows_of.items():
+        idx = torch.tensor(rows)
+        groups.append(Group.from_padded(
+            uid=uid,
+            version=int(min(versions[r] for r in rows)),
+            prompt_ids=prompts[rows[0]],
+            prompt_length=int(prompt_lengths[rows[0]]),
+            responses=batch.batch["responses"][idx],
+            response_lengths=response_lengths[idx],
+            response_mask=batch.batch["response_mask"][idx],
+            rollout_log_probs=batch.batch["rollout_log_probs"][idx],
+            rewards=scores[idx].sum(-1),
+            non_tensors={k: v[rows] for k, v in batch.non_tensor_batch.items()},
+        ))
+    return groups
+
+
+def batch_from_groups(
+    groups: list[Group], prompt_width: int, response_width: int, meta_info: Optional[dict] = None
+) -> DataProto:
+    """Rebuilds verl's padded layout: prompts left-padded, responses right-padded, rewards at the last token."""
+    if not groups:
+        raise ValueError("batch_from_groups: no groups")
+    keys = set(groups[0].non_tensors)
+    for g in groups:
+        if set(g.non_tensors) != keys:
+            raise ValueError(f"group {g.uid} has non-tensor fields {sorted(g.non_tensors)}, expected {sorted(keys)}")
+    prompts, prompt_mask, responses, response_mask, rollout, scores = [], [], [], [], [], []
+    for g in groups:
+        p = torch.zeros(prompt_width, dtype=torch.long)
+        p[prompt_width - g.prompt_ids.shape[0]:] = g.prompt_ids.long()
+        pm = torch.zeros(prompt_width, dtype=torch.long)
+        pm[prompt_width - g.prompt_ids.shape[0]:] = 1
+        prompts.append(p.expand(g.n, -1))
+        prompt_mask.append(pm.expand(g.n, -1))
+        responses.append(g.padded("response_ids", response_width).long())
+        response_mask.append(g.padded("response_mask", response_width).long())
+        rollout.append(g.padded("rollout_log_probs", response_width))
+        s = torch.zeros(g.n, response_width)
+        s[torch.arange(g.n), (g.lengths.long() - 1).clamp(min=0)] = g.rewards
+        scores.append(s)
+    lengths = torch.cat([g.lengths for g in groups]).long()
+    response_attention = (torch.arange(response_width).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    prompts_t = torch.cat(prompts)
+    responses_t = torch.cat(responses)
+    attention = torch.cat([torch.cat(prompt_mask), response_attention], dim=1)
+    tensors = {
+        "prompts": prompts_t,
+        "responses": responses_t,
+        "response_mask": torch.cat(response_mask),
+        "input_ids": torch.cat([prompts_t, responses_t], dim=1),
+        "attention_mask": attention,
+        "position_ids": compute_position_id_with_mask(attention),
+        "rollout_log_probs": torch.cat(rollout),
+        "token_level_scores": torch.cat(scores),
+    }
+    non_tensors = {k: np.concatenate([g.non_tensors[k] for g in groups]) for k in keys}
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(meta_info or {}))
+
+
+def minibatch_index(num_samples: int, mini_batch_samples: int, dp_size: int) -> torch.Tensor:
+    """[num_samples] optimizer mini-batch of each sample, as verl's actor update splits an unshuffled batch.
+
+    The batch is cut into dp_size contiguous shards; each rank walks its shard in mini-batches of
+    mini_batch_samples / dp_size; global mini-batch m is the m-th local mini-batch of every rank.
+    """
+    if num_samples % dp_size or mini_batch_samples % dp_size or num_samples % mini_batch_samples:
+        raise ValueError(f"minibatch_index: {num_samples} samples, mini-batches of {mini_batch_samples}, dp {dp_size} do not divide")
+    shard = num_samples // dp_size
+    local = torch.arange(num_samples) % shard
+    return local // (mini_batch_samples // dp_size)
+
+
+def loss_inputs(
+    batch: DataProto,
+    groups: list[Group],
+    replay: ReplayConfig,
+    step: int,
+    threshold: float,
+    clip_low: float,
+    clip_high: float,
+    mini_batch_samples: int,
+    dp_size: int,
+) -> BatchWeights:
+    """Adds `darl_log_denominator`, `darl_token_coef`, `darl_clip_low/high` ([B, L]) to `batch`.
+
+    `batch` holds the samples of `groups` in the same order, with `old_log_probs`.
+    """
+    mask = batch.batch["response_mask"]
+    width = mask.shape[1]
+    versions = torch.cat([torch.full((g.n,), g.version) for g in groups])
+    weights = batch_weights(
+        response_mask=mask,
+        old_log_probs=batch.batch["old_log_probs"],
+        rollout_log_probs=batch.batch["rollout_log_probs"],
+        versions=versions,
+        behavior_weight=replay.resolved_behavior_weight,
+        source_weight=replay.resolved_source_weight,
+        threshold=threshold,
+        recorded=gather_recorded(groups, width) if replay.resolved_behavior_weight == "pmis" else None,
+        minibatch_index=minibatch_index(len(versions), mini_batch_samples, dp_size),
+    )
+    low, high = clip_ranges(versions, step, clip_low, clip_high, replay.clip_decay)
+    batch.batch["darl_log_denominator"] = weights.log_denominator.float()
+    batch.batch["darl_token_coef"] = weights.token_coef.float()
+    batch.batch["darl_clip_low"] = low.unsqueeze(1).expand(-1, width).contiguous()
+    batch.batch["darl_clip_high"] = high.unsqueeze(1).expand(-1, width).contiguous()
+    return weights
+
+
+def replay_metrics(
+    step: int,
+    cands: StepCandidates,
+    candidate_scores: list[float],
+    selection: Selection,
+    weights: Optional[BatchWeights],
+    buffer_stats: dict[str, Any],
+    evicted: dict[str, int],
+    timing: dict[str, float],
+) -> dict[str, float]:
+    """The `replay/` metrics of one step (DESIGN.md section 8); scalars only, as verl's loggers want."""
+    groups = cands.candidates
+    chosen = set(selection.selected)
+    sel_groups = [groups[i] for i in selection.selected]
+    m: dict[str, float] = {
+        "replay/candidates": len(groups),
+        "replay/selected": len(sel_groups),
+        "replay/eligible": selection.eligible,
+        "replay/skipped_update": float(selection.skipped),
+        "replay/warmup": float(cands.warmup),
+        "replay/dropped_zero_adv": cands.dropped_zero_adv,
+        "replay/buffer_groups": buffer_stats["groups"],
+        "replay/buffer_tokens": buffer_stats["tokens"],
+        "replay/buffer_bytes": buffer_stats["bytes"],
+        "replay/reuse_mean": buffer_stats["reuse_mean"],
+        "replay/reuse_max": buffer_stats["reuse_max"],
+    }
+    for name, count in evicted.items():
+        m[f"replay/evicted_{name}"] = count
+    for version, count in buffer_stats["groups_per_version"].items():
+        m[f"replay/buffer_groups/s{step - version}"] = count
+        m[f"replay/buffer_tokens/s{step - version}"] = buffer_stats["tokens_per_version"][version]
+    if sel_groups:
+        staleness = np.array([step - g.version for g in sel_groups for _ in range(g.n)])
+        m["replay/staleness_mean"] = float(staleness.mean())
+        m["replay/staleness_max"] = float(staleness.max())
+        for s, c in zip(*np.unique(staleness, return_counts=True)):
+            m[f"replay/staleness_hist/s{int(s)}"] = float(c) / len(staleness)
+    per_version: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        per_version.setdefault(g.version, [0, 0])[int(i in chosen)] += 1
+    for version, (rejected, taken) in per_version.items():
+        m[f"replay/selected_fraction/s{step - version}"] = taken / (taken + rejected)
+    for label, idx in (("selected", chosen), ("rejected", set(range(len(groups))) - chosen)):
+        vals = [candidate_scores[i] for i in idx if np.isfinite(candidate_scores[i])]
+        if vals:
+            m[f"replay/chi2_{label}_mean"] = float(np.mean(vals))
+            m[f"replay/chi2_{label}_max"] = float(np.max(vals))
+    if weights is not None:
+        m["replay/truncated_fraction"] = weights.truncated_fraction
+        m["replay/invalid_samples"] = weights.metrics["invalid_samples"]
+        present = weights.tokens > 0
+        for s, version in enumerate(weights.sources):
+            col = present[:, s]
+            if col.any():
+                m[f"replay/alpha/s{step - version}"] = float(weights.alpha[col, s].mean())
+                m[f"replay/ess_fraction/s{step - version}"] = float((weights.ess[col, s] / weights.tokens[col, s]).mean())
+    for name, seconds in timing.items():
+        m[f"replay/time_{name}_s"] = seconds
+    return m
