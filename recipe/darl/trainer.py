@@ -115,7 +115,8 @@ class DarlTrainer(OneStepOffRayTrainer):
         return self._use_rewards_of(chosen)
 
     def _use_rewards_of(self, batch: DataProto) -> DataProto:
-        """Points the step's rewards (read by `_fit_compute_advantage`) at the rows of `batch`."""
+        """Points the step's rewards (read by `_fit_compute_advantage`) and token counts at the rows of `batch`."""
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
         self.reward_tensor = batch.batch["token_level_scores"]
         self.reward_extra_infos_dict = {k: batch.non_tensor_batch[k] for k in self.reward_extra_infos_dict}
         return batch
@@ -184,7 +185,9 @@ class DarlTrainer(OneStepOffRayTrainer):
         batches = []
         for g in keep:
             src, i = parts[id(g)]
-            batches.append(src.select_idxs(np.arange(i * n, (i + 1) * n)))
+            part = src.select_idxs(np.arange(i * n, (i + 1) * n))
+            part.meta_info.pop("global_token_num", None)  # per-batch; set again for the rows trained
+            batches.append(part)
         merged = DataProto.concat(batches)
         return merged, [g.score for g in keep]
 
@@ -219,10 +222,11 @@ class DarlTrainer(OneStepOffRayTrainer):
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
         if self.buffer is not None and self.global_steps > 0:
+            # the folder verl's _load_checkpoint just resumed from
             if self.config.trainer.resume_mode == "resume_path":
-                folder = self.config.trainer.resume_from_path
+                folder = os.path.abspath(self.config.trainer.resume_from_path)
             else:
-                folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+                folder = os.path.join(os.path.abspath(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
             path = os.path.join(folder, BUFFER_FILE)
             if not os.path.exists(path):
                 raise FileNotFoundError(

@@ -95,18 +95,6 @@ def test_k1_means_no_replay():
         buf.end_step(cands, [])
 
 
-def _state_equal(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and all(x == y for x, y in zip(a.ravel(), b.ravel()))
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_state_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_state_equal(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 step_plan = st.lists(
     st.tuples(
         st.integers(0, 2),  # version lag of the fresh batch
@@ -128,7 +116,7 @@ step_plan = st.lists(
     max_groups=st.one_of(st.none(), st.integers(1, 8)),
     roundtrip_at=st.integers(0, 12),
 )
-def test_buffer_invariants_over_random_runs(plan, k, warmup, max_reuse, max_groups, roundtrip_at):
+def test_buffer_invariants_over_random_runs(plan, k, warmup, max_reuse, max_groups, roundtrip_at, state_equal):
     buf = ReplayBuffer(k=k, warmup=warmup, max_reuse=max_reuse, max_groups=max_groups)
     originals: dict[str, torch.Tensor] = {}
     seen_versions: list[int] = []
@@ -182,5 +170,5 @@ def test_buffer_invariants_over_random_runs(plan, k, warmup, max_reuse, max_grou
             blob.seek(0)
             restored = ReplayBuffer(k=k, warmup=warmup, max_reuse=max_reuse, max_groups=max_groups)
             restored.load_state_dict(torch.load(blob, weights_only=False))
-            assert _state_equal(restored.state_dict(), buf.state_dict())
+            assert state_equal(restored.state_dict(), buf.state_dict())
             buf = restored

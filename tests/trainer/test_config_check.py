@@ -1,0 +1,78 @@
+"""The config checks run before Ray: each bad setting is reported, naming its key, all at once."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from recipe.darl.config_check import ConfigError, apply_seed_aliases, check_config, validate_or_raise
+from recipe.darl.main_darl import rewrite_seed_overrides
+
+REPLAY_ON = ("replay.enable=true", "algorithm.rollout_correction.bypass_mode=false")
+
+
+def problems(cfg):
+    return apply_seed_aliases(cfg) + check_config(cfg)
+
+
+def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
+    assert problems(compose_config()) == []
+    assert problems(compose_config(*REPLAY_ON, "replay.k=4", "algorithm.rollout_is=true")) == []
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (REPLAY_ON + ("replay.k=0",), "replay.k"),
+        (REPLAY_ON + ("replay.warmup=-1",), "replay.warmup"),
+        (REPLAY_ON + ("++replay.pmsi=true",), "replay.pmsi"),
+        (REPLAY_ON + ("actor_rollout_ref.rollout.calculate_log_probs=false",), "calculate_log_probs"),
+        (("replay.enable=true",), "bypass_mode"),
+        (("actor_rollout_ref.hybrid_engine=true",), "hybrid_engine"),
+        (REPLAY_ON + ("data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=4"), "data.train_batch_size"),
+        (REPLAY_ON + ("data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=1",
+                      "trainer.n_gpus_per_node=8"), "data-parallel"),
+        (REPLAY_ON + ("data.train_batch_size=32", "replay.max_groups=16"), "replay.max_groups"),
+        (("algorithm.rollout_is=false", "algorithm.rollout_correction.rollout_is=token"), "algorithm.rollout_is"),
+        (("algorithm.rollout_is_threshold=3.0", "algorithm.rollout_correction.rollout_is_threshold=5.0"), "algorithm.rollout_is_threshold"),
+        (("algorithm.rollout_is_threshold=-1.0",), "rollout_is_threshold must be > 0"),
+        (("actor_rollout_ref.model.path=/no/such/model",), "actor_rollout_ref.model.path"),
+        (("data.train_files=/no/such/train.parquet",), "data.train_files"),
+        (REPLAY_ON + ("algorithm.rollout_correction.rollout_rs=token_k1",), "rollout_rs"),
+        (REPLAY_ON + ("algorithm.adv_estimator=gae",), "algorithm.adv_estimator"),
+        (REPLAY_ON + ("actor_rollout_ref.actor.shuffle=true",), "actor_rollout_ref.actor.shuffle"),
+        (("algorithm.rollout_correction.rollout_is=token",), "bypass_mode=true with rollout_is"),
+        (REPLAY_ON + ("replay.max_score=1.0", "replay.pmis=false"), "replay.max_score"),
+    ],
+)
+def test_each_problem_names_its_key(compose_config, overrides, key):
+    found = problems(compose_config(*overrides))
+    assert any(key in p for p in found), found
+
+
+def test_every_problem_is_reported_at_once(compose_config):
+    cfg = compose_config("replay.enable=true", "replay.k=0", "replay.warmup=-2", "actor_rollout_ref.hybrid_engine=true",
+                         "actor_rollout_ref.model.path=/no/such/model")
+    with pytest.raises(ConfigError) as err:
+        validate_or_raise(cfg)
+    text = str(err.value)
+    for key in ("replay.k", "replay.warmup", "hybrid_engine", "bypass_mode", "actor_rollout_ref.model.path"):
+        assert key in text
+
+
+def test_seed_aliases_map_onto_rollout_correction(compose_config):
+    cfg = compose_config("algorithm.rollout_is=true", "algorithm.rollout_is_threshold=3.5")
+    assert apply_seed_aliases(cfg) == []
+    assert cfg.algorithm.rollout_correction.rollout_is == "token"
+    assert cfg.algorithm.rollout_correction.rollout_is_threshold == 3.5
+    assert "rollout_is" not in cfg.algorithm  # verl's AlgoConfig would reject the alias keys
+    OmegaConf.to_object(cfg.algorithm.rollout_correction)
+
+
+def test_seed_plus_prefix_overrides_compose(compose_config):
+    argv = ["+replay.enable=True", "+replay.k=4", "+replay.pmis=True", "+replay.warmup=5", "algorithm.rollout_is=True",
+            "+algorithm.rollout_is_threshold=2.0", "+trainer.val_only=true"]
+    rewritten = rewrite_seed_overrides(argv)
+    assert rewritten[:4] == ["++replay.enable=True", "++replay.k=4", "++replay.pmis=True", "++replay.warmup=5"]
+    assert rewritten[-1] == "+trainer.val_only=true"  # other keys are left to Hydra's own rules
+    cfg = compose_config(*rewritten[:-1], "algorithm.rollout_correction.bypass_mode=false")
+    assert cfg.replay.enable is True and cfg.replay.k == 4
+    assert problems(cfg) == []

@@ -1,0 +1,209 @@
+"""DarlTrainer's replay hooks on real DataProto batches through verl's own fit-step code.
+
+The actor worker group is replaced by a stand-in whose old-log-prob forward returns chosen values
+(so every chi2 score is known by hand) and whose update records the batch it was given; verl's
+reward extraction, rollout correction, GRPO advantages and checkpoint logic run as shipped.
+The loss inside the real FSDP2 engine is tested in tests/glue.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import pytest
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+from verl import DataProto
+
+from recipe.darl.config_check import validate_or_raise
+from recipe.darl.core import ReplayBuffer, ReplayConfig
+from recipe.darl.trainer import BUFFER_FILE, DarlTrainer
+
+
+class StandInActor:
+    """Worker-group stand-in: world size, checkpoint calls, and a record of what was trained."""
+
+    world_size = 1
+
+    def __init__(self):
+        self.saved, self.loaded = [], []
+
+    def save_checkpoint(self, local_path, remote_path, step, max_ckpt_to_keep=None):
+        os.makedirs(local_path, exist_ok=True)
+        self.saved.append((local_path, step))
+
+    def load_checkpoint(self, local_path, del_local_after_load=False):
+        self.loaded.append(local_path)
+
+
+def make_trainer(cfg, deltas: dict[str, float]) -> DarlTrainer:
+    """A DarlTrainer without Ray: old log-probs = rollout log-probs + deltas[uid] on response tokens."""
+    trainer = DarlTrainer.__new__(DarlTrainer)
+    trainer.config = cfg
+    trainer.replay = ReplayConfig.from_dict(dict(cfg.replay))
+    trainer.buffer = ReplayBuffer.from_config(trainer.replay)
+    trainer._step_state = None
+    trainer.actor_rollout_wg = trainer.actor_wg = StandInActor()
+    trainer.use_rm = trainer.use_critic = False
+    trainer.global_steps = 1
+    trainer.trained = []
+    trainer.train_dataloader = StatefulDataLoader(list(range(64)), batch_size=4)
+
+    def old_log_prob(batch: DataProto):
+        delta = torch.tensor([deltas[u] for u in batch.non_tensor_batch["uid"]]).unsqueeze(1)
+        old = batch.batch["rollout_log_probs"] + delta * batch.batch["response_mask"]
+        out = DataProto.from_dict(tensors={"old_log_probs": old, "entropys": torch.ones_like(old)})
+        return out, 0.0
+
+    def update_actor(batch: DataProto):
+        trainer.trained.append(batch)
+        return DataProto.from_single_dict(data={}, meta_info={"metrics": {"actor/pg_loss": [0.0]}})
+
+    trainer._compute_old_log_prob = old_log_prob
+    trainer._update_actor = update_actor
+    return trainer
+
+
+def run_step(trainer: DarlTrainer, batch: DataProto, save: bool = False) -> DataProto:
+    """The hooks of verl's fit_step that D-ARL touches, in verl's order."""
+    trainer.metrics, trainer.timing_raw = {}, {}
+    batch = trainer._fit_compute_reward(batch)
+    batch = trainer._fit_compute_log_prob(batch)
+    batch = trainer._fit_compute_advantage(batch)
+    batch = trainer._fit_update_actor(batch)
+    if save:
+        trainer._save_checkpoint()
+    trainer.global_steps += 1
+    return batch
+
+
+@pytest.fixture
+def replay_cfg(compose_config):
+    def _cfg(*extra):
+        cfg = compose_config(
+            "replay.enable=true", "replay.k=4", "replay.warmup=0", "algorithm.rollout_correction.bypass_mode=false",
+            "algorithm.rollout_is=true", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1", *extra,
+        )
+        validate_or_raise(cfg)
+        return cfg
+    return _cfg
+
+
+def uids(batch: DataProto) -> list[str]:
+    return list(dict.fromkeys(batch.non_tensor_batch["uid"]))
+
+
+def test_merge_select_advantage_and_metrics_by_hand(replay_cfg, batch_maker):
+    step1 = batch_maker(versions=[0, 0, 0], rewards=[[1, 0], [0, 1], [1, 1]], seed=1)  # the third has zero advantage
+    a, b, c = uids(step1)
+    step2 = batch_maker(versions=[1, 1], rewards=[[1, 0], [1, 0]], seed=2)
+    d, e = uids(step2)
+    deltas = {a: 0.3, b: 0.5, c: 0.0, d: 1.0, e: 0.0}
+    trainer = make_trainer(replay_cfg(), deltas)
+
+    out1 = run_step(trainer, step1)
+    assert set(uids(out1)) == {a, b} and trainer.metrics["replay/dropped_zero_adv"] == 1
+
+    deltas.update({a: 0.1, b: 0.2})  # the weights moved: step-2 recompute gives new deltas
+    out2 = run_step(trainer, step2)
+    # candidates a, b (buffered, v0) + d, e (fresh, v1); chi2 = (e^delta - 1)^2: e 0, a 0.011, b 0.049, d 2.95
+    assert set(uids(out2)) == {a, e}
+    trained = trainer.trained[-1]
+    assert trained is out2 and len(trained) == 4
+    # advantages only on the selected groups: GRPO on rewards (1, 0) -> +-0.7071
+    adv = trained.batch["advantages"].sum(-1) / trained.batch["response_mask"].sum(-1)  # constant per response
+    assert adv.abs().tolist() == pytest.approx([1 / math.sqrt(2)] * 4, rel=1e-4)
+    assert torch.equal(trained.batch["token_level_scores"].sum(-1), torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    # trained in arrival order: a (step 1) before e (step 2)
+    assert uids(trained) == [a, e]
+
+    m = trainer.metrics
+    chi = lambda x: (math.exp(x) - 1) ** 2
+    assert m["replay/candidates"] == 4 and m["replay/selected"] == 2
+    assert m["replay/chi2_selected_mean"] == pytest.approx((chi(0.1) + chi(0.0)) / 2, rel=1e-5)
+    assert m["replay/chi2_rejected_max"] == pytest.approx(chi(1.0), rel=1e-5)
+    assert m["replay/staleness_mean"] == pytest.approx(1.5) and m["replay/staleness_max"] == 2
+    assert m["replay/selected_fraction/s1"] == 0.5 and m["replay/selected_fraction/s2"] == 0.5
+    assert m["replay/buffer_groups"] == 4 and m["replay/buffer_groups/s1"] == 2
+
+    # pmis: a's samples (v0) were also scored at step 1 (version 1, which generated e): balance heuristic
+    mask = trained.batch["response_mask"].bool()
+    rollout = trained.batch["rollout_log_probs"]
+    expected = rollout[:2] + math.log((1 + math.exp(0.3)) / 2)
+    torch.testing.assert_close(trained.batch["darl_log_denominator"][:2][mask[:2]], expected[mask[:2]])
+    torch.testing.assert_close(trained.batch["darl_log_denominator"][2:][mask[2:]], rollout[2:][mask[2:]])
+    assert trained.batch["darl_token_coef"].sum().item() == pytest.approx(1.0)
+    assert "replay/alpha/s1" in m and "replay/alpha/s2" in m
+    assert m["replay/alpha/s1"] + m["replay/alpha/s2"] == pytest.approx(1.0)
+
+
+def test_no_eligible_group_skips_the_update_and_still_fills_the_buffer(replay_cfg, batch_maker):
+    batch = batch_maker(versions=[0, 0], rewards=[[1, 0], [0, 1]])
+    trainer = make_trainer(replay_cfg("replay.max_score=0.001"), {u: 0.5 for u in uids(batch)})
+    run_step(trainer, batch)
+    assert trainer.trained == [] and trainer.metrics["replay/skipped_update"] == 1.0
+    assert len(trainer.buffer) == 2
+
+
+def test_rescore_lazy_recomputes_fresh_and_selected_only(replay_cfg, batch_maker):
+    step1 = batch_maker(versions=[0, 0], rewards=[[1, 0], [0, 1]], seed=4)
+    step2 = batch_maker(versions=[1, 1], rewards=[[1, 0], [1, 0]], seed=5)
+    deltas = {u: 0.05 for u in uids(step1)} | {u: 2.0 for u in uids(step2)}
+    trainer = make_trainer(replay_cfg("replay.rescore=lazy"), deltas)
+    calls = []
+    inner = trainer._compute_old_log_prob
+    trainer._compute_old_log_prob = lambda batch: (calls.append(set(batch.non_tensor_batch["uid"])), inner(batch))[1]
+    run_step(trainer, step1)
+    run_step(trainer, step2)
+    # step 2: one forward for the 2 fresh groups, one for the 2 buffered groups the selection wants
+    assert calls[1] == set(uids(step2)) and calls[2] == set(uids(step1))
+    assert set(uids(trainer.trained[-1])) == set(uids(step1))
+
+
+def test_replay_disabled_is_plain_one_step_off(compose_config, batch_maker):
+    cfg = compose_config("algorithm.rollout_correction.bypass_mode=false", "algorithm.rollout_is=true",
+                         "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=2",
+                         "trainer.n_gpus_per_node=1")
+    validate_or_raise(cfg)
+    batch = batch_maker(versions=[0, 0, 0], rewards=[[1, 0], [0, 1], [1, 1]])
+    trainer = make_trainer(cfg, {u: 0.2 for u in uids(batch)})
+    assert trainer.buffer is not None and not trainer.replay.enable
+    out = run_step(trainer, batch)
+    assert len(out) == 6 and not any(k.startswith("darl_") for k in out.batch.keys())
+    assert "rollout_is_weights" in out.batch.keys()  # verl's own decoupled correction ran
+    assert not any(k.startswith("replay/") for k in trainer.metrics)
+
+
+def test_checkpoint_resume_restores_the_buffer(replay_cfg, batch_maker, state_equal):
+    cfg = replay_cfg("trainer.resume_mode=auto")
+    deltas: dict[str, float] = {}
+    trainer = make_trainer(cfg, deltas)
+    for step in (1, 2, 3):
+        batch = batch_maker(versions=[step - 1, step - 1], rewards=[[1, 0], [0, 1]], seed=step)
+        deltas.update({u: 0.1 * step for u in uids(batch)})
+        run_step(trainer, batch, save=(step == 2))
+        if step == 2:
+            saved = copy.deepcopy(trainer.buffer.state_dict())
+    folder = os.path.join(cfg.trainer.default_local_dir, "global_step_2")
+    assert os.path.exists(os.path.join(folder, BUFFER_FILE))
+    assert len(saved["groups"]) == 4 and any(g["recorded"] for g in saved["groups"])
+
+    resumed = make_trainer(cfg, {})
+    resumed.global_steps = 0
+    resumed._load_checkpoint()
+    assert resumed.global_steps == 2 and resumed.actor_rollout_wg.loaded == [os.path.join(folder, "actor")]
+    assert state_equal(resumed.buffer.state_dict(), saved)
+    assert not state_equal(trainer.buffer.state_dict(), saved)  # step 3 moved the live buffer on
+
+
+def test_resume_without_a_saved_buffer_is_an_error(replay_cfg, compose_config):
+    cfg = replay_cfg("trainer.resume_mode=auto")
+    folder = os.path.join(cfg.trainer.default_local_dir, "global_step_3")
+    os.makedirs(folder)
+    with open(os.path.join(cfg.trainer.default_local_dir, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("3")
+    trainer = make_trainer(cfg, {})
+    with pytest.raises(FileNotFoundError, match=BUFFER_FILE):
+        trainer._load_checkpoint()
