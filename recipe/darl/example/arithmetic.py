@@ -1,0 +1,75 @@
+"""The built-in example task: two-term addition of 2-3 digit numbers, answer in \\boxed{}.
+
+A prompt asks for `a+b`; a good response writes the sum as a short chain, then the box:
+`47+385=432 \\boxed{432}`. The verifier reads the last \\boxed{} with verl's own helpers and
+compares integers. `compute_score` is a verl custom reward function
+(`reward.custom_reward_function.path/name`), so the reward goes through verl's reward loop.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Optional
+
+DATA_SOURCE = "darl/arithmetic"
+INSTRUCTION = "Add. Answer in \\boxed{}."
+
+
+def make_problems(count: int, seed: int) -> list[tuple[int, int]]:
+    """`count` distinct pairs (a, b), each 10..999, drawn from `seed`."""
+    rng = random.Random(seed)
+    seen: set[tuple[int, int]] = set()
+    while len(seen) < count:
+        seen.add((rng.randint(10, 999), rng.randint(10, 999)))
+    return sorted(seen, key=lambda _: rng.random())
+
+
+def prompt_text(a: int, b: int) -> str:
+    return f"{INSTRUCTION}\n{a}+{b}"
+
+
+def solution_text(a: int, b: int) -> str:
+    """The response the warm-start teaches: the chain, then the box."""
+    return f"{a}+{b}={a + b} \\boxed{{{a + b}}}"
+
+
+def extract_answer(solution_str: str) -> Optional[str]:
+    """Content of the last \\boxed{} in the response, or None."""
+    from verl.utils.reward_score.math_reward import last_boxed_only_string, remove_boxed
+
+    boxed = last_boxed_only_string(solution_str)
+    if boxed is None:
+        return None
+    try:
+        return remove_boxed(boxed).strip()
+    except (AssertionError, IndexError):
+        return None
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict] = None, **kwargs) -> float:
+    """verl custom reward: 1.0 when the last \\boxed{} holds the right integer, else 0.0."""
+    answer = extract_answer(solution_str)
+    return 1.0 if answer is not None and answer.isdigit() and int(answer) == int(ground_truth) else 0.0
+
+
+def records(problems: list[tuple[int, int]], split: str) -> list[dict]:
+    """verl RL-dataset rows: chat prompt, rule-based ground truth, split and index."""
+    return [
+        {
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": prompt_text(a, b)}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": split, "index": i, "a": a, "b": b},
+        }
+        for i, (a, b) in enumerate(problems)
+    ]
+
+
+def write_parquet(rows: list[dict], path: Path) -> Path:
+    import pandas as pd
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path)
+    return path
