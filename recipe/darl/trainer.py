@@ -68,6 +68,7 @@ class DarlTrainer(OneStepOffRayTrainer):
         for key, values in self.reward_extra_infos_dict.items():  # stored with the groups, like the rewards
             batch.non_tensor_batch.setdefault(key, np.asarray(values))
         fresh = groups_from_batch(batch, self.reward_tensor)
+        self.metrics["replay/fresh_version"] = max(g.version for g in fresh)  # the rollout's version stamp
         cands = self.buffer.begin_step(fresh, self.global_steps)
         timing["buffer"] = time.perf_counter() - t0
         prompt_width = batch.batch["prompts"].shape[1]
