@@ -70,7 +70,7 @@ def darl_loss(
         "actor/pg_loss": Metric(value=pg_loss, aggregation=AggregationType.SUM),
         "actor/pg_clipfrac": Metric(value=(stats["clipped"].sum() / kept).item(), aggregation=AggregationType.MEAN),
         "actor/ppo_kl": Metric(value=(-(stats["neg_approx_kl"] * keep).sum() / kept).item(), aggregation=AggregationType.MEAN),
-        "replay/rho_bar_mean": Metric(value=((stats["rho_bar"] * keep).sum() / kept).item(), aggregation=AggregationType.MEAN),
+        "actor/rho_bar_mean": Metric(value=((stats["rho_bar"] * keep).sum() / kept).item(), aggregation=AggregationType.MEAN),
     }
     policy_loss = pg_loss
 
