@@ -1,0 +1,113 @@
+"""The "hf" rollout: verl's standalone rollout path served by transformers, for CPU-only machines.
+
+``actor_rollout_ref.rollout.name=hf`` selects it. Importing this package registers it with verl, in
+whichever process imports it:
+
+- ``RolloutReplicaRegistry.register("hf", ...)`` -> `hf_replica.HFReplica`, looked up by
+  `LLMServerManager` (the task runner, or any process that builds rollout servers);
+- ``_ROLLOUT_REGISTRY[("hf", "async")]`` -> `hf_adapter.HFServerAdapter`, looked up by verl's
+  `CheckpointEngineWorker` (standalone/colocated rollout workers) and `ActorRolloutRefWorker` (hybrid);
+- the "ray_object_store" checkpoint engine (`recipe.darl.checkpoint_engine_ray`), for weight sync.
+
+Each registration runs as soon as verl's package holding the registry (``verl.workers.rollout``,
+``verl.checkpoint_engine``) has been imported, or at once if it already is.
+
+verl imports every ``verl.plugins`` entry point in each process that imports verl (driver, task runner,
+Ray workers), so the setuptools entry point ``darl_rollout = recipe.darl.rollout`` makes the
+registration happen everywhere; ``VERL_USE_EXTERNAL_MODULES=recipe.darl.rollout`` does the same
+without the installed entry point.
+
+Pieces: `hf_engine` (sampling, KV-cached batched decoding; pure torch), `hf_server` (the Ray actor),
+`hf_replica`, `hf_adapter`.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import logging
+import sys
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_NAME = "hf"
+ADAPTER_FQN = "recipe.darl.rollout.hf_adapter.HFServerAdapter"
+
+
+def _load_replica():
+    from .hf_replica import HFReplica
+
+    return HFReplica
+
+
+def register() -> None:
+    """Register the hf replica and server adapter with verl (idempotent)."""
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
+    _ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
+
+
+def register_checkpoint_engine() -> None:
+    """Register the "ray_object_store" checkpoint engine (importing its module registers it)."""
+    from recipe.darl import checkpoint_engine_ray  # noqa: F401
+
+
+# Registration waits until verl imports the registries' packages itself. Every verl worker imports them
+# anyway; a process that only needs, say, verl.protocol does not pay for transformers (~1 s) because
+# this plugin is installed.
+_AFTER_IMPORT = {"verl.workers.rollout": register, "verl.checkpoint_engine": register_checkpoint_engine}
+
+
+class _RunAfterExec(importlib.abc.Loader):
+    """Wraps a module's loader: executes the module, then runs the registration for it."""
+
+    def __init__(self, loader, callback):
+        self._loader = loader
+        self._callback = callback
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            self._callback()
+        except Exception:  # verl's plugin loader would hide it; say it loudly, keep verl importable
+            logger.exception("recipe.darl.rollout: registering with %s failed", module.__name__)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _AfterImportFinder(importlib.abc.MetaPathFinder):
+    """Finds the registry packages with the other finders, handing back their spec with a wrapped loader."""
+
+    def find_spec(self, fullname, path, target=None):
+        callback = _AFTER_IMPORT.get(fullname)
+        if callback is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or isinstance(finder, _AfterImportFinder) or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _RunAfterExec(spec.loader, callback)
+                return spec
+        return None
+
+
+def _install() -> None:
+    # the CPU platform first (a no-op without VERL_PLATFORM=cpu): entry points load in no fixed order,
+    # and nothing this plugin triggers may resolve verl's platform before it is registered
+    from recipe.darl import platform_cpu  # noqa: F401
+
+    if not any(isinstance(finder, _AfterImportFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImportFinder())
+    for name, callback in _AFTER_IMPORT.items():
+        if name in sys.modules:  # imported before this plugin: register now
+            callback()
+
+
+_install()
