@@ -1,5 +1,5 @@
 # make test: builds .venv (CPU stack, pinned), installs the project, runs the whole suite.
-# make demo: the end-to-end CPU example (not built yet: see README).
+# make demo: D-ARL end to end on CPU on the built-in example (Ray, FSDP2 trainer, hf rollout, replay K=4).
 # make bench: the core's speed and memory benchmark (docs/performance.md).
 
 PYTHON ?= python3
@@ -28,9 +28,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_core.py
 
 demo: $(STAMP)
-	@echo "make demo will run D-ARL one-step-off training end to end on CPU (Ray, a tiny model,"
-	@echo "real weight sync, replay K=4, pmis). That pipeline is not built yet; see README.md."
-	@exit 2
+	$(PY) -m recipe.darl.demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

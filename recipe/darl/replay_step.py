@@ -23,6 +23,8 @@ from .core.config import ReplayConfig
 # tensor keys of a generated batch that groups can rebuild; any other key is an error, not a silent drop
 REBUILT_KEYS = {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
                 "rollout_log_probs", "rm_scores", "token_level_scores"}
+# placeholders verl's RLHFDataset adds, which nothing downstream reads: not stored
+DROPPED_KEYS = {"dummy_tensor"}
 VERSION_KEY = "min_global_steps"
 
 
@@ -32,7 +34,7 @@ def groups_from_batch(batch: DataProto, scores: torch.Tensor) -> list[Group]:
     scores: [B, L] token-level rewards (verl puts the sequence score at the last response token).
     Every non-tensor field is kept per sample.
     """
-    extra = sorted(set(batch.batch.keys()) - REBUILT_KEYS)
+    extra = sorted(set(batch.batch.keys()) - REBUILT_KEYS - DROPPED_KEYS)
     if extra:
         raise ValueError(f"replay cannot store batch keys {extra} (multi-modal or MoE routing data are not supported)")
     for key in ("uid", VERSION_KEY):

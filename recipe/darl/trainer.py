@@ -133,7 +133,12 @@ class DarlTrainer(OneStepOffRayTrainer):
         merged = batch_from_groups(groups, prompt_width, response_width, meta_info)
         merged.meta_info["global_token_num"] = merged.batch["attention_mask"].sum(-1).tolist()
         t0 = time.perf_counter()
-        padded, pad = pad_dataproto_to_divisor(merged, self._dp_size())
+        # the candidate count varies: pad to what the workers' split needs, as verl's dispatch would
+        rollout = self.config.actor_rollout_ref.rollout
+        divisor = self._dp_size()
+        if not rollout.get("log_prob_use_dynamic_bsz", False):
+            divisor *= rollout.log_prob_micro_batch_size_per_gpu
+        padded, pad = pad_dataproto_to_divisor(merged, divisor)
         padded = super()._fit_compute_log_prob(padded)
         merged = unpad_dataproto(padded, pad)
         timing["recompute"] = timing.get("recompute", 0.0) + time.perf_counter() - t0

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -75,9 +76,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--paths-only", action="store_true", help="print 'model train val' on one line (for scripts)")
     args = parser.parse_args()
-    example = build_example(args.cache, ExampleSettings(seed=args.seed))
-    print(json.dumps(asdict(example), indent=2))
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.paths_only else print
+    example = build_example(args.cache, ExampleSettings(seed=args.seed), log=log)
+    if args.paths_only:
+        print(example.model, example.train_files, example.val_files)
+    else:
+        print(json.dumps(asdict(example), indent=2))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,114 @@
+# Shared part of the CPU scripts for the built-in example (sourced, not run). A script calls
+#     darl_cpu_setup
+#     darl_cpu_run <its own Hydra overrides> "$@"
+# Everything runs on CPU through Ray: the FSDP2 trainer (verl's engine over gloo, through the
+# VERL_PLATFORM=cpu plugin), the "hf" rollout server (transformers), weight sync through the Ray
+# object store every step. The example (tiny model, warm-start, parquet) is built on first use.
+#
+# Environment variables (all optional; defaults in brackets):
+#   PYTHON          python interpreter [.venv/bin/python if present, else python3]
+#   DARL_CACHE      where the example is built [$HOME/.cache/darl]
+#   MODEL_PATH, TRAIN_FILES, VAL_FILES  another model and data instead of the example (all three)
+#   OUT_DIR         run outputs: metrics.jsonl, tensorboard/, checkpoints/ [outputs/<experiment>]
+#   EXPERIMENT_NAME [the script's file name without .sh]
+#   STEPS           training steps (trainer.total_training_steps) [40]
+#   TEST_FREQ / SAVE_FREQ  steps between validations / checkpoints [20 / 20]
+#   TRAIN_BATCH_SIZE prompts per step [16];  MINI_BATCH_SIZE prompts per optimizer step [4]
+#   N_RESPONSES     group size [8];  LR  actor lr [1e-4]
+#   RESUME_MODE     trainer.resume_mode [auto]
+#   DARL_DRY_RUN    1: print the resolved config and exit before Ray starts
+
+darl_cpu_setup() {
+    DARL_REPO_ROOT="${DARL_REPO_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
+    if [[ -z "${PYTHON:-}" ]]; then
+        if [[ -x "$DARL_REPO_ROOT/.venv/bin/python" ]]; then PYTHON="$DARL_REPO_ROOT/.venv/bin/python"; else PYTHON=python3; fi
+    fi
+    export PYTHONPATH="$DARL_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    export VERL_PLATFORM=cpu OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
+    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)}"
+    OUT_DIR="${OUT_DIR:-$DARL_REPO_ROOT/outputs/$EXPERIMENT_NAME}"
+    mkdir -p "$OUT_DIR"
+    export VERL_FILE_LOGGER_PATH="$OUT_DIR/metrics.jsonl" TENSORBOARD_DIR="$OUT_DIR/tensorboard"
+    # builds the example on first use (a few minutes), then prints its paths; preset all three to skip it
+    if [[ -z "${MODEL_PATH:-}" || -z "${TRAIN_FILES:-}" || -z "${VAL_FILES:-}" ]]; then
+        local paths
+        paths=$("$PYTHON" -m recipe.darl.example.build --paths-only ${DARL_CACHE:+--cache "$DARL_CACHE"})
+        read -r MODEL_PATH TRAIN_FILES VAL_FILES <<< "$paths"
+    fi
+    STEPS="${STEPS:-40}"
+    TEST_FREQ="${TEST_FREQ:-20}"
+    SAVE_FREQ="${SAVE_FREQ:-20}"
+    TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-16}"
+    MINI_BATCH_SIZE="${MINI_BATCH_SIZE:-4}"
+    N_RESPONSES="${N_RESPONSES:-8}"
+    LR="${LR:-1e-4}"
+    RESUME_MODE="${RESUME_MODE:-auto}"
+
+    DARL_CPU_ARGS=(
+        # the CPU platform (recipe/darl/platform_cpu.py, cpu_overrides): gloo, sdpa, fsdp2, no compile, fp32
+        trainer.device=cpu
+        ++actor_rollout_ref.model.override_config.attn_implementation=sdpa
+        actor_rollout_ref.actor.strategy=fsdp2
+        actor_rollout_ref.actor.fsdp_config.strategy=fsdp2
+        actor_rollout_ref.actor.fsdp_config.use_torch_compile=false
+        actor_rollout_ref.ref.fsdp_config.use_torch_compile=false
+        ++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32
+        ++actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32
+        ++actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32
+        # Ray: logical GPUs for verl's resource check (1 trainer + 1 rollout process), the workers ask for CPUs
+        ++ray_kwargs.ray_init.num_gpus=4
+        ++ray_kwargs.ray_init.num_cpus=16
+        trainer.n_gpus_per_node=1
+        rollout.n_gpus_per_node=1
+        # the "hf" rollout (transformers on CPU) and weight sync through the Ray object store
+        actor_rollout_ref.rollout.name=hf
+        actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store
+        ++actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.checkpoint_engine_ray
+        actor_rollout_ref.rollout.tensor_model_parallel_size=1
+        actor_rollout_ref.rollout.dtype=float32
+        reward.num_workers=1
+        "actor_rollout_ref.rollout.n=$N_RESPONSES"
+        actor_rollout_ref.rollout.temperature=1.0
+        actor_rollout_ref.rollout.calculate_log_probs=true
+        actor_rollout_ref.rollout.val_kwargs.do_sample=false
+        actor_rollout_ref.rollout.val_kwargs.temperature=0
+        actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64
+        actor_rollout_ref.rollout.agent.num_workers=1
+        # the example: tiny Qwen3, arithmetic prompts, reward through verl's reward loop
+        "actor_rollout_ref.model.path=$MODEL_PATH"
+        actor_rollout_ref.model.use_remove_padding=false
+        "data.train_files=$TRAIN_FILES"
+        "data.val_files=$VAL_FILES"
+        "data.train_batch_size=$TRAIN_BATCH_SIZE"
+        data.max_prompt_length=64
+        data.max_response_length=24
+        data.filter_overlong_prompts=false
+        data.dataloader_num_workers=0
+        reward.custom_reward_function.path=pkg://recipe.darl.example.arithmetic
+        reward.custom_reward_function.name=compute_score
+        # GRPO, PPO-clip 0.2, Adam
+        algorithm.adv_estimator=grpo
+        "actor_rollout_ref.actor.optim.lr=$LR"
+        "actor_rollout_ref.actor.ppo_mini_batch_size=$MINI_BATCH_SIZE"
+        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64
+        actor_rollout_ref.actor.use_kl_loss=false
+        actor_rollout_ref.actor.entropy_coeff=0
+        actor_rollout_ref.actor.loss_agg_mode=token-mean
+        # logging, validation, checkpoints
+        'trainer.logger=["console","tensorboard","file"]'
+        trainer.project_name=darl-cpu
+        "trainer.experiment_name=$EXPERIMENT_NAME"
+        "trainer.total_training_steps=$STEPS"
+        "trainer.test_freq=$TEST_FREQ"
+        "trainer.save_freq=$SAVE_FREQ"
+        trainer.val_before_train=true
+        trainer.critic_warmup=0
+        "trainer.default_local_dir=$OUT_DIR/checkpoints"
+        "trainer.resume_mode=$RESUME_MODE"
+        trainer.max_actor_ckpt_to_keep=1
+    )
+}
+
+darl_cpu_run() {
+    "$PYTHON" -m recipe.darl.main_darl "${DARL_CPU_ARGS[@]}" "$@"
+}

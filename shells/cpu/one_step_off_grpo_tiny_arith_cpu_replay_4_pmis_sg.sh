@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The built-in example on CPU, seed configuration `_pmis_sg`: D-ARL with replay over K = 4 behavior
+# versions, variance-guided selection, pmis weights with stop-gradient, C = 2. Variables: shells/cpu/common.sh.
+# (warmup 2 instead of the GPU scripts' 5: the CPU run is 40 steps long)
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+darl_cpu_setup
+darl_cpu_run \
+    algorithm.rollout_correction.bypass_mode=false \
+    algorithm.rollout_is=true \
+    algorithm.rollout_is_threshold=2.0 \
+    replay.enable=true \
+    replay.k=4 \
+    replay.pmis=true \
+    replay.stop_grad=true \
+    replay.warmup=2 \
+    "$@"
