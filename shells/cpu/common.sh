@@ -28,7 +28,7 @@ darl_cpu_setup() {
     EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)}"
     OUT_DIR="${OUT_DIR:-$DARL_REPO_ROOT/outputs/$EXPERIMENT_NAME}"
     mkdir -p "$OUT_DIR"
-    export VERL_FILE_LOGGER_PATH="$OUT_DIR/metrics.jsonl" TENSORBOARD_DIR="$OUT_DIR/tensorboard"
+    export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$OUT_DIR/metrics.jsonl}" TENSORBOARD_DIR="${TENSORBOARD_DIR:-$OUT_DIR/tensorboard}"
     # builds the example on first use (a few minutes), then prints its paths; preset all three to skip it
     if [[ -z "${MODEL_PATH:-}" || -z "${TRAIN_FILES:-}" || -z "${VAL_FILES:-}" ]]; then
         local paths

@@ -1,0 +1,167 @@
+# Shared part of the D-ARL launch scripts (sourced, not run). A script calls
+#     darl_setup <model: 1.7b | 4b> <dataset: gsm8k | math> <trainer GPUs> <rollout GPUs>
+#     darl_run <its own Hydra overrides> "$@"
+# darl_run starts `python -m recipe.darl.main_darl` with the common overrides below, then the script's,
+# then the command line's ("$@"; Hydra: the last value of a key wins, `+key=value` adds a key).
+#
+# Environment variables (all optional; defaults in brackets):
+#   PYTHON            python interpreter [python3]
+#   MODEL_PATH        HF model folder or hub id [Qwen/Qwen3-1.7B or Qwen/Qwen3-4B, from the script]
+#   DATA_DIR          folder written by `python -m recipe.darl.data.prepare` [$HOME/data]
+#   TRAIN_FILES       training parquet (a path, or a Hydra list "['a.parquet','b.parquet']")
+#                     [gsm8k: $DATA_DIR/gsm8k/train.parquet; math: $DATA_DIR/math/train.parquet]
+#   VAL_FILES         validation parquet(s) [gsm8k: $DATA_DIR/gsm8k/test.parquet; math: $DATA_DIR/math500/test.parquet]
+#   NNODES            trainer nodes (trainer.nnodes) [1]
+#   TRAINER_GPUS      trainer GPUs per node (trainer.n_gpus_per_node) [from the script's name, e.g. 1]
+#   ROLLOUT_NNODES    rollout nodes (rollout.nnodes) [1]
+#   ROLLOUT_GPUS      rollout GPUs per node (rollout.n_gpus_per_node) [from the script's name, e.g. 1]
+#   ROLLOUT_TP        vLLM tensor parallel size per replica [1]
+#   GPU_MEMORY_UTILIZATION  vLLM's share of each rollout GPU (the rollout GPUs are its own) [0.85]
+#   TRAIN_BATCH_SIZE  prompts per step (data.train_batch_size) [128]
+#   MINI_BATCH_SIZE   prompts per optimizer step (actor.ppo_mini_batch_size) [32]
+#   N_RESPONSES       responses per prompt, the GRPO group (rollout.n) [8]
+#   MAX_PROMPT_LENGTH / MAX_RESPONSE_LENGTH  tokens [gsm8k: 512 / 1024; math: 1024 / 3072]
+#   LR                actor learning rate [1e-6]
+#   TOTAL_EPOCHS      [gsm8k: 5; math: 3]
+#   SAVE_FREQ / TEST_FREQ  steps between checkpoints / validations [20 / 10]
+#   ENABLE_THINKING   Qwen3 chat template's enable_thinking (data.apply_chat_template_kwargs) [false]
+#   PROJECT_NAME      trainer.project_name [darl]
+#   EXPERIMENT_NAME   trainer.experiment_name [the script's file name without .sh]
+#   LOGGER            trainer.logger, a Hydra list ['["console","wandb"]']; e.g. '["console"]' without wandb
+#   CKPT_ROOT         checkpoints go to $CKPT_ROOT/$PROJECT_NAME/$EXPERIMENT_NAME [$HOME/checkpoints]
+#   CKPT_DIR          or set that folder directly; it must stay the same across restarts for resume
+#   RESUME_MODE       trainer.resume_mode: auto (latest checkpoint in CKPT_DIR, if any) | disable | resume_path [auto]
+#   DARL_DRY_RUN      1: print the resolved config and exit before Ray starts (no GPU needed)
+#   DARL_PRINT_CMD    1: print the command instead of running it
+
+darl_setup() {
+    local model="$1" dataset="$2" trainer_gpus="$3" rollout_gpus="$4"
+    DARL_REPO_ROOT="${DARL_REPO_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+    PYTHON="${PYTHON:-python3}"
+    DATA_DIR="${DATA_DIR:-$HOME/data}"
+    case "$model" in
+        1.7b) MODEL_PATH="${MODEL_PATH:-Qwen/Qwen3-1.7B}"; _max_tokens_per_gpu=24576 ;;
+        4b)   MODEL_PATH="${MODEL_PATH:-Qwen/Qwen3-4B}";   _max_tokens_per_gpu=16384 ;;
+        *) echo "darl_setup: unknown model '$model' (1.7b | 4b)" >&2; return 2 ;;
+    esac
+    case "$dataset" in
+        gsm8k)
+            TRAIN_FILES="${TRAIN_FILES:-$DATA_DIR/gsm8k/train.parquet}"
+            VAL_FILES="${VAL_FILES:-$DATA_DIR/gsm8k/test.parquet}"
+            MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-512}"
+            MAX_RESPONSE_LENGTH="${MAX_RESPONSE_LENGTH:-1024}"
+            TOTAL_EPOCHS="${TOTAL_EPOCHS:-5}" ;;
+        math)
+            TRAIN_FILES="${TRAIN_FILES:-$DATA_DIR/math/train.parquet}"
+            VAL_FILES="${VAL_FILES:-$DATA_DIR/math500/test.parquet}"
+            MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-1024}"
+            MAX_RESPONSE_LENGTH="${MAX_RESPONSE_LENGTH:-3072}"
+            TOTAL_EPOCHS="${TOTAL_EPOCHS:-3}" ;;
+        *) echo "darl_setup: unknown dataset '$dataset' (gsm8k | math)" >&2; return 2 ;;
+    esac
+    NNODES="${NNODES:-1}"
+    TRAINER_GPUS="${TRAINER_GPUS:-$trainer_gpus}"
+    ROLLOUT_NNODES="${ROLLOUT_NNODES:-1}"
+    ROLLOUT_GPUS="${ROLLOUT_GPUS:-$rollout_gpus}"
+    ROLLOUT_TP="${ROLLOUT_TP:-1}"
+    GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-0.85}"
+    TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-128}"
+    MINI_BATCH_SIZE="${MINI_BATCH_SIZE:-32}"
+    N_RESPONSES="${N_RESPONSES:-8}"
+    LR="${LR:-1e-6}"
+    SAVE_FREQ="${SAVE_FREQ:-20}"
+    TEST_FREQ="${TEST_FREQ:-10}"
+    ENABLE_THINKING="${ENABLE_THINKING:-false}"
+    PROJECT_NAME="${PROJECT_NAME:-darl}"
+    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)}"
+    LOGGER="${LOGGER:-[\"console\",\"wandb\"]}"
+    CKPT_ROOT="${CKPT_ROOT:-$HOME/checkpoints}"
+    CKPT_DIR="${CKPT_DIR:-$CKPT_ROOT/$PROJECT_NAME/$EXPERIMENT_NAME}"
+    RESUME_MODE="${RESUME_MODE:-auto}"
+    local seq_len=$((MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH))
+    (( _max_tokens_per_gpu < seq_len )) && _max_tokens_per_gpu=$seq_len
+    _log_prob_tokens_per_gpu=$((2 * _max_tokens_per_gpu))
+
+    DARL_COMMON_ARGS=(
+        # data: parquet from recipe.darl.data.prepare; the reward: recipe.darl.rewards (math-verify, code tests)
+        "data.train_files=$TRAIN_FILES"
+        "data.val_files=$VAL_FILES"
+        data.prompt_key=prompt
+        "data.train_batch_size=$TRAIN_BATCH_SIZE"
+        "data.max_prompt_length=$MAX_PROMPT_LENGTH"
+        "data.max_response_length=$MAX_RESPONSE_LENGTH"
+        data.filter_overlong_prompts=true
+        data.truncation=error
+        "+data.apply_chat_template_kwargs.enable_thinking=$ENABLE_THINKING"
+        reward.custom_reward_function.path=pkg://recipe.darl.rewards
+        reward.custom_reward_function.name=compute_score
+        # GRPO, no KL (use_kl_loss=false, no reference model)
+        algorithm.adv_estimator=grpo
+        algorithm.use_kl_in_reward=false
+        # model and FSDP2 actor
+        "actor_rollout_ref.model.path=$MODEL_PATH"
+        actor_rollout_ref.model.use_remove_padding=true
+        actor_rollout_ref.model.enable_gradient_checkpointing=true
+        actor_rollout_ref.actor.strategy=fsdp2
+        actor_rollout_ref.actor.fsdp_config.strategy=fsdp2
+        critic.strategy=fsdp2
+        "actor_rollout_ref.actor.optim.lr=$LR"
+        actor_rollout_ref.actor.optim.weight_decay=0.01
+        "actor_rollout_ref.actor.ppo_mini_batch_size=$MINI_BATCH_SIZE"
+        actor_rollout_ref.actor.use_dynamic_bsz=true
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$_max_tokens_per_gpu"
+        actor_rollout_ref.actor.use_kl_loss=false
+        actor_rollout_ref.actor.entropy_coeff=0
+        actor_rollout_ref.actor.loss_agg_mode=token-mean
+        actor_rollout_ref.actor.clip_ratio_low=0.2
+        actor_rollout_ref.actor.clip_ratio_high=0.2
+        actor_rollout_ref.actor.fsdp_config.param_offload=false
+        actor_rollout_ref.actor.fsdp_config.optimizer_offload=false
+        # vLLM rollout on its own GPUs (one-step-off: hybrid_engine=false)
+        actor_rollout_ref.hybrid_engine=false
+        actor_rollout_ref.rollout.name=vllm
+        actor_rollout_ref.rollout.mode=async
+        "actor_rollout_ref.rollout.n=$N_RESPONSES"
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=$ROLLOUT_TP"
+        "actor_rollout_ref.rollout.gpu_memory_utilization=$GPU_MEMORY_UTILIZATION"
+        actor_rollout_ref.rollout.temperature=1.0
+        actor_rollout_ref.rollout.top_p=1.0
+        actor_rollout_ref.rollout.calculate_log_probs=true
+        actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$_log_prob_tokens_per_gpu"
+        actor_rollout_ref.rollout.val_kwargs.do_sample=false
+        actor_rollout_ref.rollout.val_kwargs.temperature=0
+        actor_rollout_ref.rollout.val_kwargs.n=1
+        # GPUs: trainer and rollout pools are separate
+        "trainer.nnodes=$NNODES"
+        "trainer.n_gpus_per_node=$TRAINER_GPUS"
+        "rollout.nnodes=$ROLLOUT_NNODES"
+        "rollout.n_gpus_per_node=$ROLLOUT_GPUS"
+        # logging, validation, checkpoints and resume
+        "trainer.logger=$LOGGER"
+        "trainer.project_name=$PROJECT_NAME"
+        "trainer.experiment_name=$EXPERIMENT_NAME"
+        trainer.critic_warmup=0
+        trainer.val_before_train=true
+        "trainer.test_freq=$TEST_FREQ"
+        "trainer.save_freq=$SAVE_FREQ"
+        "trainer.total_epochs=$TOTAL_EPOCHS"
+        "trainer.default_local_dir=$CKPT_DIR"
+        "trainer.resume_mode=$RESUME_MODE"
+        trainer.max_actor_ckpt_to_keep=3
+        trainer.log_val_generations=5
+    )
+}
+
+darl_run() {
+    local cmd=("$PYTHON" -m recipe.darl.main_darl "${DARL_COMMON_ARGS[@]}" "$@")
+    if [[ -n "${DARL_PRINT_CMD:-}" && "${DARL_PRINT_CMD}" != 0 ]]; then
+        printf '%q ' "${cmd[@]}"
+        printf '\n'
+        return 0
+    fi
+    # the recipe imports from the repository root, whatever the working directory
+    export PYTHONPATH="$DARL_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    echo "[darl] $EXPERIMENT_NAME: trainer ${NNODES}x${TRAINER_GPUS} GPU, rollout ${ROLLOUT_NNODES}x${ROLLOUT_GPUS} GPU, checkpoints $CKPT_DIR" >&2
+    "${cmd[@]}"
+}

@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=darl
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=2
+#SBATCH --cpus-per-task=32
+#SBATCH --mem=0
+#SBATCH --time=24:00:00
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@600
+#SBATCH --open-mode=append
+#SBATCH --output=logs/%x-%j.out
+#
+# D-ARL on a Slurm cluster: one Ray cluster over the job's nodes, then one launch script.
+#
+#   bash shells/run.sh [SCRIPT] [hydra overrides...]      # submits itself with sbatch
+#   SBATCH_ARGS="--nodes=2 --partition=gpu" bash shells/run.sh shells/one_step_off_grpo_4b_math_fsdp2_2_2_replay_4_pmis_sg.sh
+#   sbatch --nodes=2 shells/run.sh SCRIPT ...               # also works; submit from the repository root
+#
+# Run outside a job, the script calls `sbatch` on itself (creating the log folder first, which a plain
+# `sbatch` needs to exist). Inside the job it loads the environment, starts the Ray head on the first
+# node and a Ray worker on every other node (srun), waits until all of them joined, then runs SCRIPT on
+# the first node with RAY_ADDRESS set, so verl joins that cluster. The #SBATCH lines above are
+# defaults; flags given to sbatch (or in SBATCH_ARGS) override them.
+#
+# Preemption and time limits: --requeue lets Slurm put a preempted job back in the queue, and
+# --signal=B:USR1@600 makes the job requeue itself 10 minutes before its time limit. The launch
+# scripts use trainer.resume_mode=auto with a checkpoint folder that does not depend on the job id
+# ($CKPT_ROOT/$PROJECT_NAME/$EXPERIMENT_NAME), so the requeued job resumes from the latest checkpoint
+# (trainer.save_freq steps apart; D-ARL's replay buffer is saved with it). Keep EXPERIMENT_NAME
+# distinct per run.
+#
+# Variables (environment; defaults in brackets):
+#   SCRIPT         launch script to run; the first argument wins if it ends in .sh
+#                  [shells/one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh]
+#   SBATCH_ARGS    extra sbatch flags when submitting, e.g. "--nodes=2 --partition=gpu --account=x" []
+#   DRY_RUN        1: print what would run (the sbatch command; inside a job the srun/ray commands and
+#                  the launch command) and exit [0]
+#   DARL_ROOT      repository root [the folder above this script; inside a job: $SLURM_SUBMIT_DIR]
+#   LOG_DIR        logs: Slurm's <job>-<id>.out, Ray's per node, the run's per restart [$DARL_ROOT/logs]
+#   MODULES        environment modules to load, e.g. "cuda/12.4 nccl" []
+#   CONDA_SH       conda's profile script [$(conda info --base)/etc/profile.d/conda.sh when conda exists]
+#   CONDA_ENV      conda environment (name or path) to activate []
+#   VENV           virtualenv folder to activate (bin/activate), "none" for none
+#                  [$DARL_ROOT/.venv if it has bin/activate and CONDA_ENV is unset]
+#   PYTHON         interpreter for the launch script [python3]
+#   GPUS_PER_NODE  GPUs Ray may use on each node [$SLURM_GPUS_ON_NODE, else nvidia-smi's count]
+#   CPUS_PER_NODE  CPUs Ray may use on each node [$SLURM_CPUS_PER_TASK, else nproc]
+#   RAY_PORT       Ray head port [6379]
+#   RAY_HEAD_IP    the head's address [the first node's first IP address]
+#   RAY_WAIT_S     seconds to wait for all Ray nodes [300]
+#   RAY_HEAD_DELAY_S  seconds between starting the head and the workers [10]
+#   CUDA_DEVICE_MAX_CONNECTIONS [1]   NCCL_DEBUG [WARN]   NCCL_SOCKET_IFNAME / NCCL_IB_HCA /
+#   NCCL_IB_DISABLE / GLOO_SOCKET_IFNAME [unset: NCCL's own choice]   TOKENIZERS_PARALLELISM [false]
+#   VLLM_USE_V1 [1]   RAY_DEDUP_LOGS [0]   HF_HOME, WANDB_API_KEY, WANDB_MODE: passed through as set
+#   The launch scripts' own variables (MODEL_PATH, DATA_DIR, TRAINER_GPUS, ROLLOUT_GPUS, NNODES,
+#   ROLLOUT_NNODES, EXPERIMENT_NAME, PROJECT_NAME, LOGGER, CKPT_ROOT, ...; see shells/common.sh) pass
+#   through to SCRIPT. The trainer and rollout GPUs together, NNODES*TRAINER_GPUS +
+#   ROLLOUT_NNODES*ROLLOUT_GPUS, must fit in the job's nodes x GPUS_PER_NODE.
+set -euo pipefail
+
+DRY_RUN="${DRY_RUN:-0}"
+DEFAULT_SCRIPT="shells/one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
+
+exec 3>&1  # commands are printed here (stdout), whatever their own output is redirected to
+log() { echo "[run.sh $(date '+%F %T')] $*" >&2; }
+print_cmd() { { printf '+'; printf ' %q' "$@"; printf '\n'; } >&3; }
+show() {  # print a command; run it unless DRY_RUN
+    print_cmd "$@"
+    if [[ "$DRY_RUN" == 1 ]]; then return 0; fi
+    "$@"
+}
+
+if [[ $# -gt 0 && "$1" == *.sh ]]; then
+    SCRIPT="$1"
+    shift
+fi
+SCRIPT="${SCRIPT:-$DEFAULT_SCRIPT}"
+
+# ---------------------------------------------------------------- outside a job: submit
+if [[ -z "${SLURM_JOB_ID:-}" ]]; then
+    DARL_ROOT="${DARL_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+    LOG_DIR="${LOG_DIR:-$DARL_ROOT/logs}"
+    [[ "$DRY_RUN" == 1 ]] || mkdir -p "$LOG_DIR"
+    read -r -a extra <<< "${SBATCH_ARGS:-}"
+    show sbatch --chdir="$DARL_ROOT" --output="$LOG_DIR/%x-%j.out" \
+        --export="ALL,DARL_ROOT=$DARL_ROOT,LOG_DIR=$LOG_DIR,SCRIPT=$SCRIPT" \
+        "${extra[@]}" "$DARL_ROOT/shells/run.sh" "$@"
+    exit 0
+fi
+
+# ---------------------------------------------------------------- inside the job
+DARL_ROOT="${DARL_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"
+cd "$DARL_ROOT"
+LOG_DIR="${LOG_DIR:-$DARL_ROOT/logs}"
+mkdir -p "$LOG_DIR"
+JOB_TAG="${SLURM_JOB_NAME:-darl}-${SLURM_JOB_ID}"
+RESTART="${SLURM_RESTART_COUNT:-0}"
+log "job $SLURM_JOB_ID (restart $RESTART) in $DARL_ROOT, script $SCRIPT"
+
+# environment: modules, conda, virtualenv
+if [[ -n "${MODULES:-}" ]]; then
+    for m in $MODULES; do module load "$m"; done
+fi
+if [[ -n "${CONDA_ENV:-}" ]]; then
+    if [[ -z "${CONDA_SH:-}" ]] && command -v conda >/dev/null 2>&1; then
+        CONDA_SH="$(conda info --base)/etc/profile.d/conda.sh"
+    fi
+    # shellcheck disable=SC1090
+    source "${CONDA_SH:?set CONDA_SH to conda.sh}"
+    conda activate "$CONDA_ENV"
+fi
+VENV="${VENV:-}"
+if [[ -z "$VENV" && -z "${CONDA_ENV:-}" && -f "$DARL_ROOT/.venv/bin/activate" ]]; then
+    VENV="$DARL_ROOT/.venv"
+fi
+if [[ -n "$VENV" && "$VENV" != none ]]; then
+    # shellcheck disable=SC1091
+    source "$VENV/bin/activate"
+fi
+export PYTHON="${PYTHON:-python3}"
+export PYTHONPATH="$DARL_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+# CUDA / NCCL / libraries
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
+export VLLM_USE_V1="${VLLM_USE_V1:-1}"
+export RAY_DEDUP_LOGS="${RAY_DEDUP_LOGS:-0}"
+for v in NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_DISABLE GLOO_SOCKET_IFNAME; do
+    if [[ -n "${!v:-}" ]]; then export "${v?}"; fi
+done
+
+# nodes and resources
+mapfile -t NODES < <(scontrol show hostnames "${SLURM_JOB_NODELIST:?}")
+HEAD="${NODES[0]}"
+if [[ -z "${GPUS_PER_NODE:-}" ]]; then
+    if [[ -n "${SLURM_GPUS_ON_NODE:-}" ]]; then
+        GPUS_PER_NODE="$SLURM_GPUS_ON_NODE"
+    elif command -v nvidia-smi >/dev/null 2>&1; then
+        GPUS_PER_NODE="$(nvidia-smi -L | grep -c '^GPU')"
+    else
+        GPUS_PER_NODE=0
+    fi
+fi
+CPUS_PER_NODE="${CPUS_PER_NODE:-${SLURM_CPUS_PER_TASK:-$(nproc)}}"
+RAY_PORT="${RAY_PORT:-6379}"
+if [[ -z "${RAY_HEAD_IP:-}" ]]; then
+    RAY_HEAD_IP="$(srun --overlap --nodes=1 --ntasks=1 --nodelist="$HEAD" hostname --ip-address | awk '{print $1}')"
+fi
+export RAY_ADDRESS="$RAY_HEAD_IP:$RAY_PORT"
+log "nodes: ${NODES[*]} (head $HEAD at $RAY_ADDRESS), $GPUS_PER_NODE GPU and $CPUS_PER_NODE CPU per node"
+
+if [[ -n "${TRAINER_GPUS:-}" && -n "${ROLLOUT_GPUS:-}" ]]; then
+    need=$(( ${NNODES:-1} * TRAINER_GPUS + ${ROLLOUT_NNODES:-1} * ROLLOUT_GPUS ))
+    have=$(( ${#NODES[@]} * GPUS_PER_NODE ))
+    if (( need > have )); then
+        log "error: trainer ${NNODES:-1}x$TRAINER_GPUS + rollout ${ROLLOUT_NNODES:-1}x$ROLLOUT_GPUS = $need GPUs, the job has $have"
+        exit 1
+    fi
+fi
+
+RAY_PIDS=()
+cleanup() {
+    [[ "$DRY_RUN" == 1 ]] && return 0
+    for node in "${NODES[@]}"; do
+        srun --overlap --nodes=1 --ntasks=1 --nodelist="$node" ray stop --force >/dev/null 2>&1 || true
+    done
+    for pid in "${RAY_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+}
+on_usr1() {  # --signal=B:USR1@600: the time limit is near; requeue (resume from the latest checkpoint)
+    log "time limit near: requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID" || true
+    [[ -n "${TRAIN_PID:-}" ]] && kill -TERM "$TRAIN_PID" 2>/dev/null || true
+}
+trap cleanup EXIT
+trap on_usr1 USR1
+
+# Ray head on the first node, a worker on each other node
+ray_common=(--num-cpus="$CPUS_PER_NODE" --num-gpus="$GPUS_PER_NODE" --block)
+start_bg() {  # start_bg LOGFILE CMD...: print CMD; unless DRY_RUN, run it in the background into LOGFILE
+    local logfile="$1"
+    shift
+    print_cmd "$@"
+    if [[ "$DRY_RUN" == 1 ]]; then return 0; fi
+    "$@" > "$logfile" 2>&1 &
+    RAY_PIDS+=($!)
+}
+start_bg "$LOG_DIR/$JOB_TAG-ray-$HEAD.log" srun --overlap --nodes=1 --ntasks=1 --nodelist="$HEAD" \
+    ray start --head --node-ip-address="$RAY_HEAD_IP" --port="$RAY_PORT" --dashboard-host=0.0.0.0 "${ray_common[@]}"
+[[ "$DRY_RUN" == 1 ]] || sleep "${RAY_HEAD_DELAY_S:-10}"
+for node in "${NODES[@]:1}"; do
+    start_bg "$LOG_DIR/$JOB_TAG-ray-$node.log" srun --overlap --nodes=1 --ntasks=1 --nodelist="$node" \
+        ray start --address="$RAY_ADDRESS" "${ray_common[@]}"
+done
+
+if [[ "$DRY_RUN" != 1 ]]; then
+    deadline=$(( SECONDS + ${RAY_WAIT_S:-300} ))
+    while :; do
+        alive="$(ray status --address="$RAY_ADDRESS" 2>/dev/null | awk '/^Active:/{a=1;next} /^(Pending|Recent failures):/{a=0} a && /node_/{n++} END{print n+0}')"
+        (( alive >= ${#NODES[@]} )) && break
+        if (( SECONDS > deadline )); then
+            log "error: only $alive of ${#NODES[@]} Ray nodes joined within ${RAY_WAIT_S:-300} s; see $LOG_DIR/$JOB_TAG-ray-*.log"
+            exit 1
+        fi
+        sleep 5
+    done
+    log "Ray cluster up: $alive node(s)"
+fi
+
+# the launch script, on this (the first) node; its output also goes to a per-restart log
+RUN_LOG="$LOG_DIR/$JOB_TAG-restart$RESTART.log"
+log "running $SCRIPT $*; log $RUN_LOG"
+if [[ "$DRY_RUN" == 1 ]]; then
+    show env RAY_ADDRESS="$RAY_ADDRESS" bash "$SCRIPT" "$@"
+    exit 0
+fi
+set +e
+bash "$SCRIPT" "$@" > >(tee -a "$RUN_LOG") 2>&1 &
+TRAIN_PID=$!
+wait "$TRAIN_PID"
+status=$?
+# a USR1 interrupts the first wait; wait again for the script to finish its shutdown
+if kill -0 "$TRAIN_PID" 2>/dev/null; then wait "$TRAIN_PID"; status=$?; fi
+set -e
+log "$SCRIPT exited with status $status"
+exit "$status"

@@ -1,0 +1,154 @@
+"""shells/run.sh: syntax, the submit path, and a whole job run against stub Slurm and Ray commands."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from cluster_helpers import ROOT, SHELLS, base_env, parse_dry_run
+
+RUN_SH = SHELLS / "run.sh"
+
+STUBS = {
+    # srun: record the call, drop its options, run the command (the stubs below, or bash)
+    "srun": '#!/usr/bin/env bash\necho "srun $*" >> "$STUB_LOG"\nwhile [[ $# -gt 0 && "$1" == -* ]]; do shift; done\nexec "$@"\n',
+    "scontrol": '#!/usr/bin/env bash\necho "scontrol $*" >> "$STUB_LOG"\n'
+                'if [[ "$1 $2" == "show hostnames" ]]; then tr "," "\\n" <<< "$3"; fi\n',
+    "ray": '#!/usr/bin/env bash\necho "ray $*" >> "$STUB_LOG"\n'
+           'if [[ "$1" == status ]]; then printf "Node status\\n---\\nActive:\\n 1 node_a\\n 1 node_b\\n 1 node_c\\n'
+           'Pending:\\n (no pending nodes)\\n"; fi\n',
+    "hostname": '#!/usr/bin/env bash\necho "10.1.2.3 fe80::1"\n',
+    "sbatch": '#!/usr/bin/env bash\necho "sbatch $*" >> "$STUB_LOG"\necho "Submitted batch job 42"\n',
+}
+
+
+@pytest.fixture
+def slurm(tmp_path):
+    """Stub commands first on PATH, a fake job's environment, and a launch script that records what it got."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "record.sh"
+    script.write_text('echo "ARGS: $*"\necho "RAY_ADDRESS=$RAY_ADDRESS PYTHONPATH=$PYTHONPATH NCCL_DEBUG=$NCCL_DEBUG"\n'
+                      '[[ -n "${SLEEP:-}" ]] && exec sleep "$SLEEP"\nexit "${EXIT_CODE:-0}"\n')
+    env = dict(os.environ)
+    env.pop("SLURM_JOB_ID", None)
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", STUB_LOG=str(tmp_path / "calls.log"), LOG_DIR=str(tmp_path / "logs"),
+               VENV="none", RAY_HEAD_DELAY_S="0")
+    job = dict(env, SLURM_JOB_ID="777", SLURM_JOB_NAME="darl", SLURM_JOB_NODELIST="gpu1,gpu2,gpu3",
+               SLURM_SUBMIT_DIR=str(ROOT), SLURM_GPUS_ON_NODE="8", SLURM_CPUS_PER_TASK="32", SLURM_RESTART_COUNT="1")
+    return tmp_path, env, job, script
+
+
+def calls(tmp):
+    return (tmp / "calls.log").read_text().splitlines() if (tmp / "calls.log").exists() else []
+
+
+def test_bash_syntax_and_documented_variables():
+    subprocess.run(["bash", "-n", str(RUN_SH)], check=True)
+    subprocess.run(["bash", "-n", str(SHELLS / "common.sh")], check=True)
+    head = RUN_SH.read_text().split("set -euo pipefail")[0]
+    assert "#SBATCH --requeue" in head and "#SBATCH --nodes=" in head and "#SBATCH --output=logs/%x-%j.out" in head
+    for var in ("SCRIPT", "SBATCH_ARGS", "DRY_RUN", "LOG_DIR", "MODULES", "CONDA_ENV", "VENV", "GPUS_PER_NODE",
+                "RAY_PORT", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "MODEL_PATH", "DATA_DIR", "TRAINER_GPUS", "ROLLOUT_GPUS"):
+        assert f"#   {var}" in head or f" {var} [" in head or f"{var}," in head or f" {var} " in head, var
+
+
+def test_submit_dry_run_prints_sbatch(slurm):
+    tmp, env, _, _ = slurm
+    env.update(DRY_RUN="1", SBATCH_ARGS="--nodes=2 --partition=gpu")
+    script = "shells/one_step_off_grpo_4b_math_fsdp2_2_2_replay_4_pmis_sg.sh"
+    out = subprocess.run(["bash", str(RUN_SH), script, "trainer.total_epochs=1"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.startswith("+ sbatch ") and "--nodes=2 --partition=gpu" in out and f"SCRIPT={script}" in out
+    assert out.rstrip().endswith(f"{RUN_SH} trainer.total_epochs=1")
+    assert not (tmp / "logs").exists() and not calls(tmp)
+
+
+def test_submit_calls_sbatch(slurm):
+    tmp, env, _, script = slurm
+    subprocess.run(["bash", str(RUN_SH), str(script), "a=1"], env=env, check=True, capture_output=True)
+    (call,) = calls(tmp)
+    assert call.startswith(f"sbatch --chdir={ROOT} --output={tmp}/logs/%x-%j.out") and f"SCRIPT={script}" in call
+    assert (tmp / "logs").is_dir()  # Slurm does not create the output folder itself
+
+
+def test_job_starts_ray_on_every_node_then_the_script(slurm):
+    tmp, _, job, script = slurm
+    p = subprocess.run(["bash", str(RUN_SH), str(script), "x=1", "y=two words"], env=job, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    c = calls(tmp)
+    assert "scontrol show hostnames gpu1,gpu2,gpu3" in c
+    head = [x for x in c if x.startswith("ray start --head")]
+    workers = [x for x in c if x.startswith("ray start --address=10.1.2.3:6379")]
+    assert len(head) == 1 and "--num-gpus=8" in head[0] and "--num-cpus=32" in head[0] and "--port=6379" in head[0]
+    assert len(workers) == 2
+    assert any(x.startswith("srun --overlap --nodes=1 --ntasks=1 --nodelist=gpu1 ray start --head") for x in c)
+    assert {x.split("--nodelist=")[1].split()[0] for x in c if "ray start --address" in x and x.startswith("srun")} == {"gpu2", "gpu3"}
+    assert any(x.startswith("ray status --address=10.1.2.3:6379") for x in c)
+    assert sum(x.startswith("ray stop") for x in c) == 3  # cleanup on every node
+    log = (tmp / "logs" / "darl-777-restart1.log").read_text()  # per job and restart
+    assert "ARGS: x=1 y=two words" in log
+    assert f"RAY_ADDRESS=10.1.2.3:6379 PYTHONPATH={ROOT}" in log and "NCCL_DEBUG=WARN" in log
+    assert (tmp / "logs" / "darl-777-ray-gpu1.log").exists() and (tmp / "logs" / "darl-777-ray-gpu3.log").exists()
+
+
+def test_job_dry_run_prints_the_plan_and_runs_nothing(slurm):
+    tmp, _, job, script = slurm
+    job["DRY_RUN"] = "1"
+    p = subprocess.run(["bash", str(RUN_SH), str(script), "k=v"], env=job, capture_output=True, text=True, timeout=60, check=True)
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("+ srun --overlap --nodes=1 --ntasks=1 --nodelist=gpu1 ray start --head")
+    assert sum("ray start --address=10.1.2.3:6379" in x for x in lines) == 2
+    assert lines[-1] == f"+ env RAY_ADDRESS=10.1.2.3:6379 bash {script} k=v"
+    assert not any(x.startswith(("ray ", "bash")) for x in calls(tmp))  # only hostnames and the head's address were asked
+    assert not (tmp / "logs" / "darl-777-restart1.log").exists()
+
+
+def test_job_propagates_the_scripts_exit_status(slurm):
+    _, _, job, script = slurm
+    job["EXIT_CODE"] = "3"
+    assert subprocess.run(["bash", str(RUN_SH), str(script)], env=job, capture_output=True, timeout=60).returncode == 3
+
+
+def test_job_refuses_more_gpus_than_allocated(slurm):
+    tmp, _, job, script = slurm
+    job.update(TRAINER_GPUS="16", ROLLOUT_GPUS="16")  # 32 > 3 nodes x 8
+    p = subprocess.run(["bash", str(RUN_SH), str(script)], env=job, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "= 32 GPUs, the job has 24" in p.stderr
+    assert not any(x.startswith("ray start") for x in calls(tmp))
+
+
+def test_usr1_before_the_time_limit_requeues(slurm):
+    tmp, _, job, script = slurm
+    job["SLEEP"] = "60"
+    proc = subprocess.Popen(["bash", str(RUN_SH), str(script)], env=job, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    run_log, deadline = tmp / "logs" / "darl-777-restart1.log", time.time() + 30
+    while not (run_log.exists() and "ARGS:" in run_log.read_text()):  # the launch script is running
+        assert time.time() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)
+    proc.wait(timeout=30)
+    assert "scontrol requeue 777" in calls(tmp)
+
+
+def test_job_dry_run_composes_a_real_launch_script(slurm, tmp_path):
+    """Inside a (stub) job: run.sh -> the pmis_sg script -> main_darl with DARL_DRY_RUN=1, GPU counts from run.sh's env."""
+    tmp, _, job, _ = slurm
+    (tmp_path / "d").mkdir()
+    env = base_env(tmp_path / "d")
+    env.update({k: job[k] for k in ("PATH", "STUB_LOG", "LOG_DIR", "VENV", "RAY_HEAD_DELAY_S", "SLURM_JOB_ID",
+                                    "SLURM_JOB_NAME", "SLURM_SUBMIT_DIR", "SLURM_GPUS_ON_NODE")})
+    env.update(SLURM_JOB_NODELIST="gpu1", TRAINER_GPUS="4", ROLLOUT_GPUS="4")
+    p = subprocess.run(["bash", str(RUN_SH), "shells/one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh",
+                        "trainer.total_training_steps=3", f"hydra.run.dir={tmp_path}/hydra"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    cfg = parse_dry_run(Path(env["LOG_DIR"], "darl-777-restart0.log").read_text())
+    assert cfg["trainer"]["n_gpus_per_node"] == 4 and cfg["rollout"]["n_gpus_per_node"] == 4
+    assert cfg["trainer"]["total_training_steps"] == 3 and cfg["replay"]["enable"] is True
+    assert cfg["trainer"]["resume_mode"] == "auto"

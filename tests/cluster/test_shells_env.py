@@ -1,0 +1,67 @@
+"""Launch scripts: environment variables and pass-through overrides reach the config; verl's own checks pass."""
+
+import subprocess
+import sys
+
+from cluster_helpers import SHELLS, VARIANTS, base_env, run_dry
+
+SCRIPTS = sorted(SHELLS.glob("one_step_off_grpo_*_replay_4_*.sh"))
+PMIS_17B = SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
+
+
+def test_the_suite_is_complete():
+    """The seed's three names for Qwen3-1.7B / GSM8K, plus Qwen3-4B and MATH variants, each an executable thin wrapper."""
+    names = {p.name for p in SCRIPTS}
+    for family in ("1.7b_gsm8k_fsdp2_1_1", "4b_gsm8k_fsdp2_2_2", "1.7b_math_fsdp2_1_1", "4b_math_fsdp2_2_2"):
+        for v in VARIANTS:
+            assert f"one_step_off_grpo_{family}_replay_4_{v}.sh" in names
+    for p in SCRIPTS:
+        text = p.read_text()
+        assert text.startswith("#!/usr/bin/env bash") and 'source "$(dirname "${BASH_SOURCE[0]}")/common.sh"' in text
+        assert text.rstrip().endswith('"$@"') and len(text.splitlines()) < 25
+        assert p.stat().st_mode & 0o111
+        subprocess.run(["bash", "-n", str(p)], check=True)
+
+
+def test_defaults_without_python(tmp_path):
+    """DARL_PRINT_CMD=1 prints the command: hub model ids and $DATA_DIR layout are the defaults."""
+    env = base_env(tmp_path)
+    for key in ("MODEL_PATH", "DATA_DIR", "DARL_DRY_RUN", "CKPT_ROOT"):
+        env.pop(key)
+    env.update(DARL_PRINT_CMD="1", HOME=str(tmp_path))
+    for p in SCRIPTS:
+        out = subprocess.run(["bash", str(p)], env=env, capture_output=True, text=True, check=True).stdout
+        model = "Qwen/Qwen3-4B" if "_4b_" in p.name else "Qwen/Qwen3-1.7B"
+        dataset = "math" if "_math_" in p.name else "gsm8k"
+        val = "math500/test.parquet" if dataset == "math" else "gsm8k/test.parquet"
+        assert f"actor_rollout_ref.model.path={model} " in out
+        assert f"data.train_files={tmp_path}/data/{dataset}/train.parquet " in out
+        assert f"data.val_files={tmp_path}/data/{val} " in out
+        assert f"trainer.default_local_dir={tmp_path}/checkpoints/darl/{p.stem} " in out
+        assert out.startswith(f"{sys.executable} -m recipe.darl.main_darl ")
+
+
+def test_env_and_passthrough_overrides(tmp_path):
+    """GPU counts, names and logger from the environment; extra arguments (the seed's `+replay.*` too) win."""
+    env = base_env(tmp_path)
+    env.update(TRAINER_GPUS="4", ROLLOUT_GPUS="2", NNODES="2", ROLLOUT_NNODES="1", LOGGER='["console"]',
+               EXPERIMENT_NAME="my_run", PROJECT_NAME="proj", ROLLOUT_TP="2", TRAIN_BATCH_SIZE="64", N_RESPONSES="16")
+    (cfg,) = run_dry([(PMIS_17B, ["+replay.k=2", "trainer.total_training_steps=7", "replay.max_reuse=3"], env)])
+    assert cfg["trainer"]["n_gpus_per_node"] == 4 and cfg["trainer"]["nnodes"] == 2
+    assert cfg["rollout"] == {"nnodes": 1, "n_gpus_per_node": 2}
+    assert cfg["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 2
+    assert cfg["actor_rollout_ref"]["rollout"]["n"] == 16 and cfg["data"]["train_batch_size"] == 64
+    assert cfg["trainer"]["logger"] == ["console"]
+    assert cfg["trainer"]["experiment_name"] == "my_run" and cfg["trainer"]["project_name"] == "proj"
+    assert cfg["trainer"]["default_local_dir"] == str(tmp_path / "ckpt" / "proj" / "my_run")
+    assert cfg["trainer"]["total_training_steps"] == 7
+    assert cfg["replay"]["k"] == 2 and cfg["replay"]["max_reuse"] == 3 and cfg["replay"]["enable"] is True
+
+
+def test_dry_run_reports_config_errors(tmp_path):
+    """The dry run runs D-ARL's checks: a missing data file and a replay typo fail before Ray, naming the keys."""
+    env = base_env(tmp_path)
+    env["TRAIN_FILES"] = str(tmp_path / "nope.parquet")
+    p = subprocess.run(["bash", str(PMIS_17B), "+replay.kk=3"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert p.returncode != 0
+    assert "nope.parquet does not exist" in p.stderr and "replay.kk" in p.stderr
