@@ -125,6 +125,10 @@ def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
         problems.append(f"data.train_batch_size={budget} must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size={mini}")
     if (mini * n) % dp:
         problems.append(f"actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n = {mini * n} samples must divide over {dp} data-parallel ranks")
+    micro = arr.actor.get("ppo_micro_batch_size_per_gpu")
+    if not arr.actor.get("use_dynamic_bsz", False) and micro and ((mini * n) // dp) % int(micro):
+        problems.append(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro} must divide the per-rank mini-batch "
+                        f"(ppo_mini_batch_size * rollout.n / dp = {(mini * n) // dp} samples)")
     if replay_values is not None:
         multiple = group_multiple(n, mini, dp)
         if multiple > budget:

@@ -240,5 +240,7 @@ class DarlTrainer(OneStepOffRayTrainer):
                     "the checkpoint was written without replay; resume with replay.enable=false or start fresh"
                 )
             self.buffer.load_state_dict(torch.load(path, weights_only=False)["replay"])
-            print(f"[D-ARL] restored the replay buffer: {len(self.buffer)} groups from {path}")
+            b = self.buffer
+            print(f"[D-ARL] restored the replay buffer: {len(b)} groups, versions {sorted({g.version for g in b.groups})}, "
+                  f"steps_done {b.steps_done}, next_seq {b.next_seq}, from {path}")
         return result

@@ -90,7 +90,7 @@ darl_cpu_setup() {
         algorithm.adv_estimator=grpo
         "actor_rollout_ref.actor.optim.lr=$LR"
         "actor_rollout_ref.actor.ppo_mini_batch_size=$MINI_BATCH_SIZE"
-        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$((MINI_BATCH_SIZE * N_RESPONSES))"
         actor_rollout_ref.actor.use_kl_loss=false
         actor_rollout_ref.actor.entropy_coeff=0
         actor_rollout_ref.actor.loss_agg_mode=token-mean

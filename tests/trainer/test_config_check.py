@@ -31,6 +31,8 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
         (REPLAY_ON + ("data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=1",
                       "trainer.n_gpus_per_node=8"), "data-parallel"),
         (REPLAY_ON + ("data.train_batch_size=32", "replay.max_groups=16"), "replay.max_groups"),
+        (("actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=8", "trainer.n_gpus_per_node=1",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"), "ppo_micro_batch_size_per_gpu"),
         (("algorithm.rollout_is=false", "algorithm.rollout_correction.rollout_is=token"), "algorithm.rollout_is"),
         (("algorithm.rollout_is_threshold=3.0", "algorithm.rollout_correction.rollout_is_threshold=5.0"), "algorithm.rollout_is_threshold"),
         (("algorithm.rollout_is_threshold=-1.0",), "rollout_is_threshold must be > 0"),
