@@ -81,7 +81,7 @@ darl_cpu_setup() {
         "data.val_files=$VAL_FILES"
         "data.train_batch_size=$TRAIN_BATCH_SIZE"
         data.max_prompt_length=64
-        data.max_response_length=24
+        data.max_response_length=32
         data.filter_overlong_prompts=false
         data.dataloader_num_workers=0
         reward.custom_reward_function.path=pkg://recipe.darl.example.arithmetic

@@ -35,7 +35,7 @@ def _ids(encoded) -> list[int]:
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tokenizer, problems: list[tuple[int, int]], max_new_tokens: int = 24, batch_size: int = 256) -> float:
+def greedy_accuracy(model, tokenizer, problems: list[tuple[int, int]], max_new_tokens: int = 32, batch_size: int = 256) -> float:
     """Share of `problems` whose greedy response earns reward 1."""
     model.eval()
     correct = 0
