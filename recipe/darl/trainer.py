@@ -9,6 +9,7 @@ With `replay.enable=false` every hook falls through to verl's one-step-off behav
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from functools import partial
@@ -85,14 +86,7 @@ class DarlTrainer(OneStepOffRayTrainer):
             scores = self._score(cands.candidates, merged, timing)
 
         t0 = time.perf_counter()
-        multiple = group_multiple(n, self.config.actor_rollout_ref.actor.ppo_mini_batch_size, self._dp_size())
-        versions = torch.tensor([g.version for g in cands.candidates])
-        arrival = torch.tensor([g.seq for g in cands.candidates])
-        selection = select_groups(
-            budget=self.config.data.train_batch_size, versions=versions, arrival=arrival,
-            scores=torch.tensor(scores, dtype=torch.float64) if self.replay.pmis else None,
-            max_score=self.replay.max_score, multiple=multiple,
-        )
+        selection = self._select(cands.candidates, scores)
         timing["select"] = time.perf_counter() - t0
         state = {"cands": cands, "selection": selection, "scores": scores, "weights": None, "timing": timing}
         self._step_state = state
@@ -106,14 +100,34 @@ class DarlTrainer(OneStepOffRayTrainer):
         rows = np.concatenate([np.arange(i * n, (i + 1) * n) for i in order])
         chosen = merged.select_idxs(rows)
         t0 = time.perf_counter()
+        state["mini_batch_groups"] = min(len(selected), self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
         state["weights"] = loss_inputs(
             chosen, selected, self.replay, self.global_steps, self._threshold(),
             clip_low=self._clip("clip_ratio_low"), clip_high=self._clip("clip_ratio_high"),
-            mini_batch_samples=self.config.actor_rollout_ref.actor.ppo_mini_batch_size * n, dp_size=self._dp_size(),
+            mini_batch_samples=state["mini_batch_groups"] * n, dp_size=self._dp_size(),
         )
         timing["weights"] = time.perf_counter() - t0
         state["selected_groups"] = selected
         return self._use_rewards_of(chosen)
+
+    def _select(self, groups: list[Group], scores: list[float]) -> Selection:
+        """Whole mini-batches of the lowest-score groups; fewer eligible than one mini-batch: one smaller
+        mini-batch, as small as the workers' split allows (dp shards, fixed micro-batches)."""
+        n = self.config.actor_rollout_ref.rollout.n
+        actor = self.config.actor_rollout_ref.actor
+        dp = self._dp_size()
+        per_step = dp if actor.get("use_dynamic_bsz", False) else dp * int(actor.ppo_micro_batch_size_per_gpu or 1)
+        full = group_multiple(n, actor.ppo_mini_batch_size, dp)
+        smallest = per_step // math.gcd(per_step, n)
+        return select_groups(
+            budget=self.config.data.train_batch_size,
+            versions=torch.tensor([g.version for g in groups]),
+            arrival=torch.tensor([g.seq for g in groups]),
+            scores=torch.tensor(scores, dtype=torch.float64) if self.replay.pmis else None,
+            max_score=self.replay.max_score,
+            multiple=full,
+            min_multiple=smallest if smallest <= full else None,
+        )
 
     def _use_rewards_of(self, batch: DataProto) -> DataProto:
         """Points the step's rewards (read by `_fit_compute_advantage`) and token counts at the rows of `batch`."""
@@ -137,7 +151,7 @@ class DarlTrainer(OneStepOffRayTrainer):
         rollout = self.config.actor_rollout_ref.rollout
         divisor = self._dp_size()
         if not rollout.get("log_prob_use_dynamic_bsz", False):
-            divisor *= rollout.log_prob_micro_batch_size_per_gpu
+            divisor *= int(rollout.log_prob_micro_batch_size_per_gpu or 1)
         padded, pad = pad_dataproto_to_divisor(merged, divisor)
         padded = super()._fit_compute_log_prob(padded)
         merged = unpad_dataproto(padded, pad)
@@ -169,13 +183,7 @@ class DarlTrainer(OneStepOffRayTrainer):
         if fresh_batch is not None:
             self._score(cands.fresh, fresh_batch, timing)
         n = self.config.actor_rollout_ref.rollout.n
-        multiple = group_multiple(n, self.config.actor_rollout_ref.actor.ppo_mini_batch_size, self._dp_size())
-        pre = select_groups(
-            self.config.data.train_batch_size, torch.tensor([g.version for g in cands.candidates]),
-            torch.tensor([g.seq for g in cands.candidates]),
-            torch.tensor([g.score if g.score is not None else float("inf") for g in cands.candidates], dtype=torch.float64)
-            if self.replay.pmis else None, self.replay.max_score, multiple,
-        )
+        pre = self._select(cands.candidates, [g.score if g.score is not None else float("inf") for g in cands.candidates])
         wanted = {id(cands.candidates[i]) for i in pre.selected}
         rescored = [g for g in stale if id(g) in wanted]
         parts = {}
@@ -203,7 +211,13 @@ class DarlTrainer(OneStepOffRayTrainer):
         state = self._step_state
         selection: Selection = state["selection"]
         if not selection.skipped:
-            batch = super()._fit_update_actor(batch)
+            actor = self.config.actor_rollout_ref.actor
+            full = actor.ppo_mini_batch_size
+            actor.ppo_mini_batch_size = state["mini_batch_groups"]  # fewer groups than a mini-batch: one smaller
+            try:
+                batch = super()._fit_update_actor(batch)
+            finally:
+                actor.ppo_mini_batch_size = full
         t0 = time.perf_counter()
         trained = state.get("selected_groups", []) if not selection.skipped else []
         evicted = self.buffer.end_step(state["cands"], trained)

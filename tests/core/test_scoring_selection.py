@@ -60,6 +60,19 @@ def test_selection_rounds_down_to_the_group_multiple_or_skips():
     assert sel.skipped and sel.selected == [] and "multiple of 2" in sel.reason
 
 
+def test_fewer_than_a_mini_batch_trains_a_smaller_one_when_allowed():
+    scores = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5])
+    versions = torch.zeros(5, dtype=torch.long)
+    arrival = torch.arange(5)
+    assert select_groups(16, versions, arrival, scores, multiple=8).skipped
+    sel = select_groups(16, versions, arrival, scores, multiple=8, min_multiple=2)
+    assert sel.selected == [0, 1, 2, 3] and not sel.skipped
+    sel = select_groups(16, versions, arrival, scores, max_score=0.15, multiple=8, min_multiple=2)
+    assert sel.skipped and "multiple of 2" in sel.reason
+    with pytest.raises(ValueError, match="min_multiple"):
+        select_groups(16, versions, arrival, scores, multiple=8, min_multiple=9)
+
+
 def test_uniform_mode_takes_newest_first_without_scores():
     versions = torch.tensor([3, 5, 4, 5, 3])
     arrival = torch.tensor([0, 6, 3, 5, 1])

@@ -207,3 +207,15 @@ def test_resume_without_a_saved_buffer_is_an_error(replay_cfg, compose_config):
     trainer = make_trainer(cfg, {})
     with pytest.raises(FileNotFoundError, match=BUFFER_FILE):
         trainer._load_checkpoint()
+
+
+def test_fewer_groups_than_a_mini_batch_train_as_one_smaller_mini_batch(replay_cfg, batch_maker):
+    batch = batch_maker(versions=[0, 0], rewards=[[1, 0], [1, 1]])  # one group survives the zero-advantage filter
+    trainer = make_trainer(replay_cfg(), {u: 0.1 for u in uids(batch)})
+    seen = []
+    inner = trainer._update_actor
+    trainer._update_actor = lambda b: (seen.append(trainer.config.actor_rollout_ref.actor.ppo_mini_batch_size), inner(b))[1]
+    run_step(trainer, batch)
+    assert len(trainer.trained) == 1 and len(trainer.trained[0]) == 2
+    assert seen == [1] and trainer.config.actor_rollout_ref.actor.ppo_mini_batch_size == 2
+    assert trainer.trained[0].batch["darl_token_coef"].sum().item() == pytest.approx(1.0)

@@ -41,18 +41,23 @@ def select_groups(
     scores: Optional[torch.Tensor] = None,
     max_score: Optional[float] = None,
     multiple: int = 1,
+    min_multiple: Optional[int] = None,
 ) -> Selection:
     """Fills the group budget.
 
     versions, arrival: [G] ints (behavior version, arrival order); scores: [G] chi2 group scores.
     With scores: eligible = finite score <= max_score (any finite one when max_score is None), filled by
     ascending score, ties broken by newer version then earlier arrival. Without scores (`pmis: false`):
-    newest version first, then arrival order. The count is rounded down to `multiple`.
+    newest version first, then arrival order. The count is rounded down to `multiple` (a full
+    mini-batch); with fewer eligible groups than that, to `min_multiple` (what the workers accept as
+    one smaller mini-batch; None: no smaller batch is accepted).
     """
     if budget < 1:
         raise ValueError(f"select_groups: budget must be >= 1, got {budget}")
     if multiple < 1:
         raise ValueError(f"select_groups: multiple must be >= 1, got {multiple}")
+    if min_multiple is not None and not 1 <= min_multiple <= multiple:
+        raise ValueError(f"select_groups: min_multiple must be in [1, multiple={multiple}], got {min_multiple}")
     if max_score is not None and not max_score > 0:
         raise ValueError(f"select_groups: max_score must be > 0, got {max_score}")
     num = versions.shape[0]
@@ -71,7 +76,9 @@ def select_groups(
         order = sorted((i for i in range(num) if math.isfinite(keys_s[i]) and keys_s[i] <= limit), key=lambda i: (keys_s[i], -keys_v[i], keys_a[i]))
     cap = (budget // multiple) * multiple
     take = (min(cap, len(order)) // multiple) * multiple
+    if take == 0 and min_multiple is not None:
+        take = (min(cap, len(order)) // min_multiple) * min_multiple
     if take == 0:
-        reason = f"{len(order)} eligible group(s), the workers need a multiple of {multiple}"
+        reason = f"{len(order)} eligible group(s), the workers need a multiple of {min_multiple or multiple}"
         return Selection([], len(order), cap, True, reason)
     return Selection(order[:take], len(order), cap, False)
