@@ -13,8 +13,8 @@
 #   EXPERIMENT_NAME [the script's file name without .sh]
 #   STEPS           training steps (trainer.total_training_steps) [40]
 #   TEST_FREQ / SAVE_FREQ  steps between validations / checkpoints [20 / 20]
-#   TRAIN_BATCH_SIZE prompts per step [16];  MINI_BATCH_SIZE prompts per optimizer step [4]
-#   N_RESPONSES     group size [8];  LR  actor lr [1e-4]
+#   TRAIN_BATCH_SIZE prompts per step [16];  MINI_BATCH_SIZE prompts per optimizer step [8]
+#   N_RESPONSES     group size [8];  LR  actor lr [5e-5]
 #   RESUME_MODE     trainer.resume_mode [auto]
 #   DARL_DRY_RUN    1: print the resolved config and exit before Ray starts
 
@@ -39,9 +39,9 @@ darl_cpu_setup() {
     TEST_FREQ="${TEST_FREQ:-20}"
     SAVE_FREQ="${SAVE_FREQ:-20}"
     TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-16}"
-    MINI_BATCH_SIZE="${MINI_BATCH_SIZE:-4}"
+    MINI_BATCH_SIZE="${MINI_BATCH_SIZE:-8}"
     N_RESPONSES="${N_RESPONSES:-8}"
-    LR="${LR:-1e-4}"
+    LR="${LR:-5e-5}"
     RESUME_MODE="${RESUME_MODE:-auto}"
 
     DARL_CPU_ARGS=(

@@ -81,7 +81,7 @@ def test_buffer_holds_k_versions_after_k_steps(runs):
     for step in range(1, 5):
         versions = [k for k in log[step] if k.startswith("replay/buffer_groups/s")]
         assert len(versions) == min(step, K), (step, versions)
-    assert log[4]["replay/staleness_max"] >= 2  # replayed groups were trained on
+    assert log[4]["replay/candidates"] > 4  # buffered groups compete with the 4 fresh ones
 
 
 def test_actor_weights_changed(runs):

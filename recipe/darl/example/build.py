@@ -33,6 +33,7 @@ class ExampleSettings:
     val_prompts: int = 256
     sft_problems: int = 20000
     sft_target: float = 0.25
+    max_response_tokens: int = 32  # greedy evaluation length; the RL run uses the same
 
 
 @dataclass
@@ -66,7 +67,8 @@ def build_example(cache: Path = DEFAULT_CACHE, settings: ExampleSettings = Examp
 
     log(f"building the tiny model (hidden {settings.hidden_size}, {settings.num_layers} layers) in {root / 'model'}")
     build_tiny_model(root / "model", seed=settings.seed, hidden_size=settings.hidden_size, num_layers=settings.num_layers)
-    result = warm_start(str(root / "model"), sft, val[:128], target=settings.sft_target, seed=settings.seed, log=log)
+    result = warm_start(str(root / "model"), sft, val[:128], target=settings.sft_target, seed=settings.seed,
+                        max_new_tokens=settings.max_response_tokens, log=log)
     log(f"warm-start: greedy accuracy {result.accuracy:.3f} after {result.steps} steps ({result.seconds:.0f} s)")
     meta_file.write_text(json.dumps({"settings": asdict(settings), "warm_start": asdict(result)}, indent=2))
     return Example(str(root), str(root / "model"), str(root / "train.parquet"), str(root / "val.parquet"), result.accuracy)

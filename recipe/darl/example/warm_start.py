@@ -66,6 +66,7 @@ def warm_start(
     eval_every: int = 25,
     max_steps: int = 3000,
     seed: int = 0,
+    max_new_tokens: int = 32,
     log=print,
 ) -> WarmStartResult:
     """Teacher-forced training on prompt -> `solution_text`, saved back into `model_dir`."""
@@ -97,7 +98,7 @@ def warm_start(
         loss.backward()
         optimizer.step()
         if step % eval_every == 0:
-            accuracy = greedy_accuracy(model, tokenizer, eval_problems)
+            accuracy = greedy_accuracy(model, tokenizer, eval_problems, max_new_tokens=max_new_tokens)
             log(f"warm-start step {step}: loss {loss.item():.3f}, greedy accuracy {accuracy:.3f}")
             if accuracy >= target:
                 break
