@@ -15,5 +15,5 @@ setup(
     install_requires=["verl==0.9.1"],
     # verl/__init__.py imports every "verl.plugins" entry point, in the driver and in each Ray worker;
     # the CPU platform plugin does nothing unless VERL_PLATFORM=cpu (recipe/darl/platform_cpu.py)
-    entry_points={"verl.plugins": ["darl_cpu = recipe.darl.platform_cpu"]},
+    entry_points={"verl.plugins": ["darl_cpu = recipe.darl.platform_cpu", "darl_rollout = recipe.darl.rollout"]},
 )
