@@ -1,8 +1,21 @@
-"""Shared test helpers."""
+"""Shared test helpers: exact state equality, the tiny model, and Python subprocesses running verl on CPU.
+
+The CPU platform is chosen when verl is imported (VERL_PLATFORM=cpu, read by the plugin and by verl's
+platform detection), so a test that needs it runs verl in a fresh Python process with that
+environment; the pytest process itself never selects a platform.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _state_equal(a, b) -> bool:
@@ -22,3 +35,47 @@ def _state_equal(a, b) -> bool:
 @pytest.fixture(scope="session")
 def state_equal():
     return _state_equal
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory) -> str:
+    """The tiny Qwen3 model and tokenizer (recipe.darl.tiny_model, seed 0), built once per session."""
+    from recipe.darl.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"), seed=0)
+
+
+def subprocess_env(platform: str | None = "cpu", **extra: str) -> dict[str, str]:
+    """The test process's environment with VERL_PLATFORM set to `platform` (removed if None)."""
+    env = dict(os.environ)
+    for key in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS"):
+        env.pop(key, None)
+    if platform is not None:
+        env["VERL_PLATFORM"] = platform
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def run_python():
+    """run_python(code_or_argv, platform="cpu", timeout=..., **env) -> the JSON object on the last stdout line.
+
+    `code_or_argv` is Python source (run with -c) or a list of arguments to the interpreter.
+    The process fails the test if it exits non-zero; its output is shown then.
+    """
+
+    def _run(code_or_argv, platform: str | None = "cpu", timeout: float = 120, **env: str):
+        argv = ["-c", code_or_argv] if isinstance(code_or_argv, str) else [str(a) for a in code_or_argv]
+        proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=subprocess_env(platform, **env),
+                              capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            pytest.fail(f"subprocess exited with {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
+                        f"--- stderr\n{proc.stderr[-8000:]}", pytrace=False)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        assert lines, f"no JSON line in the subprocess output:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return json.loads(lines[-1])
+
+    return _run

@@ -1,24 +1,10 @@
-"""Fixtures for the hf rollout tests: the tiny model, a teacher-forced reference, subprocess runs."""
+"""Fixtures for the hf rollout tests: a teacher-forced reference and script runs (the tiny model and
+`run_python` come from tests/conftest.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-from recipe.darl.tiny_model import build_tiny_model
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def tiny_model_path(tmp_path_factory) -> str:
-    return build_tiny_model(tmp_path_factory.mktemp("rollout_tiny_qwen3"), seed=0)
 
 
 @pytest.fixture(scope="session")
@@ -45,28 +31,11 @@ def teacher_forced(reference_model):
     return _logits
 
 
-def subprocess_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for key in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS"):
-        env.pop(key, None)
-    env.update(VERL_PLATFORM="cpu", OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", TOKENIZERS_PARALLELISM="false",
-               RAY_DEDUP_LOGS="0")
-    env.update(extra)
-    return env
-
-
 @pytest.fixture
-def run_script():
+def run_script(run_python):
     """run_script(path, *args, timeout=...) -> the JSON object on the last stdout line starting with '{'."""
 
     def _run(path, *args, timeout: float = 170, **env: str):
-        proc = subprocess.run([sys.executable, str(path), *map(str, args)], cwd=REPO, env=subprocess_env(**env),
-                              capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            pytest.fail(f"{path} exited with {proc.returncode}\n--- stdout\n{proc.stdout[-5000:]}\n"
-                        f"--- stderr\n{proc.stderr[-8000:]}", pytrace=False)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        assert lines, f"no JSON line in the output:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        return json.loads(lines[-1])
+        return run_python([path, *args], platform="cpu", timeout=timeout, RAY_DEDUP_LOGS="0", **env)
 
     return _run
