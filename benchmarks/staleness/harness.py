@@ -1,0 +1,517 @@
+"""Controlled-staleness testbed for D-ARL (issue 6): GRPO on the built-in arithmetic task in one process.
+
+Rollouts of step t are sampled from the policy weights of version max(0, t - s) (the weights after
+t - s updates), kept as state-dict snapshots, so the behavior/policy mismatch is real and its size
+is known. The rollout log-probs are those of the sampling weights (log_softmax of the sampling
+model's logits at the sampling temperature, as a rollout engine returns them), and each sample is
+stamped with version t - s.
+
+Nothing of the algorithm is re-implemented here: the step calls the same `recipe.darl.core`
+functions the verl trainer calls (`recipe/darl/trainer.py`), in the same order:
+
+    fresh groups (Group.from_padded) -> ReplayBuffer.begin_step -> recompute pi_old over all
+    candidates and Group.record -> sample_chi2 / group_scores -> select_groups -> GRPO advantages
+    (verl's compute_grpo_outcome_advantage) -> batch_weights / clip_ranges -> darl_policy_loss
+    -> ReplayBuffer.end_step
+
+Methods (all with the same number of generated samples per step, so the same total per run):
+
+- ``naive``: verl one-step-off as shipped. PPO-clip against the rollout log-probs: pi_old := mu,
+  rho = 1 (batch_weights with old = rollout, `own`, `tokens`), no recompute, no correction.
+- ``decoupled``: AReaL-style. pi_old recomputed with the current weights, token-level truncated IS
+  with C = `threshold` (batch_weights with `own` + `tokens`), no replay (DESIGN R1).
+- ``darl``: replay buffer over K versions, variance-guided selection, pmis weights, ess source
+  weights, stop-grad; every part switchable for ablations (`pmis`, `selection`, `behavior_weight`,
+  `source_weight`, `k`, `filter_zero_adv`, `warmup`, `max_score`, `max_reuse`, `clip_decay`, `stop_grad`).
+
+Choices the issue leaves open (write them down in docs/evidence.md):
+
+- One optimizer update per step over `minibatches` mini-batches (default 1, as in VERL_NOTES'
+  GRPO run); with a single mini-batch PPO's ratio is 1 for `decoupled`/`darl`, so their clipping
+  only fires with `minibatches > 1`, exactly as in verl.
+- The first s steps sample from version 0 (staleness grows from 0 to s).
+- Rollout log-probs are computed by a teacher-forced forward of the sampling weights (the engine's
+  numbers without engine numerics), so s = 0 makes `naive` and `decoupled` bitwise identical.
+- Wall time counts generation and training, not evaluation.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from recipe.darl.core import (
+    Group,
+    ReplayBuffer,
+    ReplayConfig,
+    Selection,
+    batch_weights,
+    clip_ranges,
+    darl_policy_loss,
+    gather_recorded,
+    group_scores,
+    sample_chi2,
+    select_groups,
+)
+
+METHODS = ("naive", "decoupled", "darl")
+
+
+@dataclass
+class HarnessConfig:
+    """One run. Defaults: the GRPO recipe of VERL_NOTES (32 prompts x 8, T = 1, <= 32 tokens, Adam 1e-4)."""
+
+    method: str = "darl"
+    staleness: int = 1
+    seed: int = 0
+    steps: int = 300
+    prompts_per_step: int = 32
+    n: int = 8
+    temperature: float = 1.0
+    max_response_tokens: int = 32
+    lr: float = 1e-4
+    grad_clip: float = 1.0  # verl's actor.grad_clip
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_ratio_c: float = 3.0  # verl's dual clip
+    threshold: float = 2.0  # rollout_is_threshold C (decoupled, darl)
+    minibatches: int = 1  # optimizer mini-batches per step (one epoch)
+    # D-ARL (method "darl"); the defaults are the seed's `_pmis_sg` configuration
+    k: int = 4
+    warmup: int = 5
+    pmis: bool = True
+    selection: Optional[bool] = None  # variance-guided selection; None follows pmis, False: newest first
+    behavior_weight: Optional[str] = None  # own/pmis; None follows pmis
+    source_weight: Optional[str] = None  # ess/tokens; None follows pmis
+    filter_zero_adv: bool = True
+    max_score: Optional[float] = None
+    max_reuse: Optional[int] = None
+    clip_decay: float = 1.0
+    stop_grad: bool = True
+    # data and evaluation
+    reward: str = "arithmetic"  # arithmetic (verifier) or digits (dense: share of digits, for tests)
+    eval_every: int = 20  # steps; 0: only at the start and the end
+    val_size: int = 500
+    eval_batch_size: int = 256
+    model_dir: Optional[str] = None  # None: the cached example model (recipe.darl.example.build)
+    label: Optional[str] = None  # a name for tables; default derived from the settings
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be >= 0, got {self.staleness}")
+        if self.reward not in ("arithmetic", "digits"):
+            raise ValueError(f"reward must be 'arithmetic' or 'digits', got {self.reward!r}")
+        if self.prompts_per_step % self.minibatches:
+            raise ValueError("prompts_per_step must divide by minibatches")
+        if self.method == "darl":
+            self.replay_config()  # validates the replay keys with the trainer's own checks
+
+    def replay_config(self) -> ReplayConfig:
+        return ReplayConfig(enable=True, k=self.k, pmis=self.pmis, warmup=self.warmup, max_score=self.max_score,
+                            filter_zero_adv=self.filter_zero_adv, max_reuse=self.max_reuse,
+                            behavior_weight=self.behavior_weight, source_weight=self.source_weight,
+                            clip_decay=self.clip_decay, stop_grad=self.stop_grad)
+
+    @property
+    def use_selection(self) -> bool:
+        return self.pmis if self.selection is None else self.selection
+
+    @property
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        if self.method != "darl":
+            return self.method
+        rc = self.replay_config()
+        parts = [f"darl_k{self.k}", "sel" if self.use_selection else "newest",
+                 rc.resolved_behavior_weight, rc.resolved_source_weight]
+        if not self.filter_zero_adv:
+            parts.append("keep0adv")
+        if not self.stop_grad:
+            parts.append("grad")
+        if self.max_score is not None:
+            parts.append(f"max{self.max_score:g}")
+        return "-".join(parts)
+
+
+# ---- data ------------------------------------------------------------------------------------
+
+def split_problems(config: HarnessConfig) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(train, val). With the example model: its RL-train problems, and `val_size` problems outside
+    every set the example used (warm-start, train, val), so validation is held out from all training."""
+    from recipe.darl.example.arithmetic import make_problems
+    from recipe.darl.example.build import ExampleSettings
+
+    s = ExampleSettings()
+    pool = make_problems(s.sft_problems + s.train_prompts + s.val_prompts, s.seed)
+    train = pool[s.val_prompts:s.val_prompts + s.train_prompts]
+    used = set(pool)
+    candidates = make_problems(config.val_size + len(used), 10_007)
+    val = [p for p in candidates if p not in used][:config.val_size]
+    return train, val
+
+
+def digit_share(text: str) -> float:
+    """Dense test reward: the share of digit characters in the response."""
+    return sum(c.isdigit() for c in text) / max(len(text), 1)
+
+
+# ---- the harness -----------------------------------------------------------------------------
+
+class Harness:
+    """One run: `step()` does one RL step and returns its metrics; `run()` the whole schedule."""
+
+    def __init__(self, config: HarnessConfig, log: Callable[[str], None] = lambda _: None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config = config
+        self.log = log
+        model_dir = config.model_dir
+        if model_dir is None:
+            from recipe.darl.example.build import build_example
+            model_dir = build_example(log=log).model
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        torch.manual_seed(config.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.train()
+        self.rollout_model = copy.deepcopy(self.model)  # holds the snapshot rollouts are sampled from
+        self.rollout_model.eval()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.eos_id = self.tokenizer.eos_token_id
+
+        self.train_problems, self.val_problems = split_problems(config)
+        order = list(range(len(self.train_problems)))
+        random.Random(config.seed).shuffle(order)
+        self.order, self.cursor = order, 0
+        self.prompt_cache: dict[tuple[int, int], list[int]] = {}
+
+        self.version = 0  # weights version: updates done so far
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {0: self._state()}
+        self.buffer = ReplayBuffer.from_config(config.replay_config()) if config.method == "darl" else None
+        self.samples = 0
+        self.wall = 0.0  # generation + training seconds, evaluation excluded
+        self.history: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
+
+    # ---- weights and sampling ----
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def _prompt_ids(self, problem: tuple[int, int]) -> list[int]:
+        if problem not in self.prompt_cache:
+            from recipe.darl.example.warm_start import _ids, encode_prompts
+            self.prompt_cache[problem] = _ids(encode_prompts(self.tokenizer, [problem])[0])
+        return self.prompt_cache[problem]
+
+    def _next_problems(self) -> list[tuple[int, int]]:
+        out = []
+        for _ in range(self.config.prompts_per_step):
+            out.append(self.train_problems[self.order[self.cursor % len(self.order)]])
+            self.cursor += 1
+        return out
+
+    def _score(self, text: str, problem: tuple[int, int]) -> float:
+        if self.config.reward == "digits":
+            return digit_share(text)
+        from recipe.darl.example.arithmetic import DATA_SOURCE, compute_score
+        return compute_score(DATA_SOURCE, text, str(problem[0] + problem[1]))
+
+    def token_log_probs(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
+                        response_attention: torch.Tensor) -> torch.Tensor:
+        """[B, L] log-probs of the response tokens at temperature T (teacher-forced; what verl's
+        compute_log_prob returns, and what a rollout engine returns for its own samples)."""
+        attention = torch.cat([prompt_mask, response_attention], dim=1)
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+        ids = torch.cat([prompts, responses], dim=1)
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=position_ids).logits
+        width_p, width_r = prompts.shape[1], responses.shape[1]
+        logits = logits[:, width_p - 1:width_p - 1 + width_r].float() / self.config.temperature
+        return torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+
+    @torch.no_grad()
+    def generate(self, step: int) -> tuple[list[Group], dict[str, float]]:
+        """P x n samples from the weights of version max(0, step - s), packed into groups."""
+        cfg = self.config
+        version = max(0, step - cfg.staleness)
+        self.rollout_model.load_state_dict(self.snapshots[version])
+        problems = self._next_problems()
+        prompt_lists = [self._prompt_ids(p) for p in problems]
+        width_p = max(map(len, prompt_lists))
+        prompts = torch.full((len(problems), width_p), self.pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros_like(prompts)
+        for i, p in enumerate(prompt_lists):
+            prompts[i, width_p - len(p):] = torch.tensor(p)
+            prompt_mask[i, width_p - len(p):] = 1
+        prompts = prompts.repeat_interleave(cfg.n, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(cfg.n, dim=0)
+        torch.manual_seed(cfg.seed * 1_000_003 + step)  # the same seed and step draw the same samples
+        out = self.rollout_model.generate(
+            input_ids=prompts, attention_mask=prompt_mask, max_new_tokens=cfg.max_response_tokens, do_sample=True,
+            temperature=cfg.temperature, top_k=0, top_p=1.0, eos_token_id=self.eos_id, pad_token_id=self.pad_id)
+        responses = out[:, width_p:]
+        width_r = responses.shape[1]
+        # the response runs to its first eos, included; later positions are padding
+        is_eos = responses == self.eos_id
+        first = torch.where(is_eos.any(-1), is_eos.float().argmax(-1) + 1, torch.full((responses.shape[0],), width_r))
+        attention_r = (torch.arange(width_r).unsqueeze(0) < first.unsqueeze(1)).long()
+        responses = torch.where(attention_r.bool(), responses, self.pad_id)
+        rollout_lp = self.token_log_probs(self.rollout_model, prompts, prompt_mask, responses, attention_r)
+        rollout_lp = torch.where(attention_r.bool(), rollout_lp, 0.0)
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        rewards = torch.tensor([self._score(t, problems[i // cfg.n]) for i, t in enumerate(texts)])
+
+        groups = []
+        for g, problem in enumerate(problems):
+            rows = slice(g * cfg.n, (g + 1) * cfg.n)
+            groups.append(Group.from_padded(
+                uid=f"s{step}-g{g}", version=version, prompt_ids=prompts[g * cfg.n],
+                prompt_length=len(prompt_lists[g]), responses=responses[rows], response_lengths=first[rows],
+                response_mask=attention_r[rows], rollout_log_probs=rollout_lp[rows], rewards=rewards[rows],
+                non_tensors={"problem": np.array([f"{problem[0]}+{problem[1]}"] * cfg.n, dtype=object)}))
+        self.samples += len(texts)
+        return groups, {"reward_mean": float(rewards.mean()), "response_length": float(first.float().mean()),
+                        "fresh_version": float(version)}
+
+    # ---- batches ----
+
+    def batch_of(self, groups: list[Group]) -> dict[str, torch.Tensor]:
+        """Groups -> verl's padded layout (prompts left-padded, responses right-padded)."""
+        width_p = max(g.prompt_ids.shape[0] for g in groups)
+        width_r = max(int(g.lengths.max()) for g in groups)
+        prompts, prompt_mask = [], []
+        for g in groups:
+            p = torch.full((width_p,), self.pad_id, dtype=torch.long)
+            p[width_p - g.prompt_ids.shape[0]:] = g.prompt_ids.long()
+            m = torch.zeros(width_p, dtype=torch.long)
+            m[width_p - g.prompt_ids.shape[0]:] = 1
+            prompts.append(p.expand(g.n, -1))
+            prompt_mask.append(m.expand(g.n, -1))
+        lengths = torch.cat([g.lengths for g in groups]).long()
+        return {
+            "prompts": torch.cat(prompts),
+            "prompt_mask": torch.cat(prompt_mask),
+            "responses": torch.cat([g.padded("response_ids", width_r, self.pad_id) for g in groups]).long(),
+            "response_attention": (torch.arange(width_r).unsqueeze(0) < lengths.unsqueeze(1)).long(),
+            "response_mask": torch.cat([g.padded("response_mask", width_r) for g in groups]).bool(),
+            "rollout_log_probs": torch.cat([g.padded("rollout_log_probs", width_r) for g in groups]),
+            "versions": torch.cat([torch.full((g.n,), g.version) for g in groups]),
+            "rewards": torch.cat([g.rewards for g in groups]),
+            "lengths": lengths,
+            "uids": np.concatenate([np.array([g.uid] * g.n, dtype=object) for g in groups]),
+        }
+
+    @torch.no_grad()
+    def recompute(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """log pi_old: the current weights' log-probs (verl's old_log_prob forward)."""
+        self.model.eval()
+        lp = self.token_log_probs(self.model, batch["prompts"], batch["prompt_mask"], batch["responses"],
+                                  batch["response_attention"])
+        self.model.train()
+        return torch.where(batch["response_mask"], lp, 0.0)
+
+    def advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """GRPO outcome advantages with verl's own function (std-normalized, eps 1e-6)."""
+        from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+        mask = batch["response_mask"]
+        scores = torch.zeros(mask.shape)
+        scores[torch.arange(mask.shape[0]), (batch["lengths"] - 1).clamp(min=0)] = batch["rewards"]
+        adv, _ = compute_grpo_outcome_advantage(scores, mask.float(), batch["uids"], epsilon=1e-6,
+                                                norm_adv_by_std_in_grpo=True)
+        return adv
+
+    # ---- the step ----
+
+    def step(self) -> dict[str, Any]:
+        cfg = self.config
+        t = self.version  # the step's index = the current weights' version (pi_old's version)
+        t0 = time.perf_counter()
+        fresh, m = self.generate(t)
+        t_gen = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        m.update(step=t, samples=self.samples)
+        cands = None
+        if cfg.method == "darl":
+            cands = self.buffer.begin_step(fresh, t)
+            candidates = cands.candidates
+            m["dropped_zero_adv"] = cands.dropped_zero_adv
+            m["warmup"] = float(cands.warmup)
+        else:
+            candidates = fresh
+        selected: list[Group] = []
+        old = batch = None
+        if candidates:
+            batch = self.batch_of(candidates)
+            if cfg.method == "naive":
+                old = batch["rollout_log_probs"]  # no recompute: pi_old := mu
+            else:
+                old = self.recompute(batch)
+            if cfg.method == "darl":
+                for i, g in enumerate(candidates):
+                    g.record(t, old[i * cfg.n:(i + 1) * cfg.n])
+            if cfg.method == "darl":
+                chi2 = sample_chi2(old, batch["rollout_log_probs"], batch["response_mask"])
+                index = torch.cat([torch.full((g.n,), i) for i, g in enumerate(candidates)])
+                scores = group_scores(chi2, index, len(candidates))
+                for g, s in zip(candidates, scores.tolist()):
+                    g.score, g.score_step = s, t
+                mb_groups = cfg.prompts_per_step // cfg.minibatches
+                selection = select_groups(
+                    budget=cfg.prompts_per_step,
+                    versions=torch.tensor([g.version for g in candidates]),
+                    arrival=torch.tensor([g.seq for g in candidates]),
+                    scores=scores.double() if cfg.use_selection else None,
+                    max_score=cfg.max_score if cfg.use_selection else None,
+                    multiple=mb_groups, min_multiple=1)
+                m["candidates"] = len(candidates)
+                m["chi2_candidates"] = _finite_mean(scores)
+            else:
+                selection = Selection(list(range(len(candidates))), len(candidates), len(candidates), False)
+            # train in arrival order, as the trainer does, so mini-batches mix scores
+            chosen = sorted(selection.selected, key=lambda i: candidates[i].seq if cfg.method == "darl" else i)
+            selected = [candidates[i] for i in chosen]
+        if selected:
+            rows = torch.cat([torch.arange(i * cfg.n, (i + 1) * cfg.n) for i in chosen])
+            old_sel = old[rows]
+            batch = self.batch_of(selected)
+            width = batch["response_mask"].shape[1]
+            old_sel = old_sel[:, :width]
+            m.update(self.update(batch, old_sel, selected, t))
+        else:
+            m.update(loss=None, skipped=True)
+        if cfg.method == "darl":
+            self.buffer.end_step(cands, selected)
+            stats = self.buffer.stats()
+            m["buffer_groups"] = stats["groups"]
+            m["buffer_versions"] = len(stats["groups_per_version"])
+        t_train = time.perf_counter() - t1
+
+        self.version += 1
+        self.snapshots[self.version] = self._state()
+        for v in [v for v in self.snapshots if v < self.version - cfg.staleness]:
+            del self.snapshots[v]
+        self.wall += t_gen + t_train
+        m.update(time_gen=t_gen, time_train=t_train, wall=self.wall)
+        self.history.append(m)
+        return m
+
+    def update(self, batch: dict[str, torch.Tensor], old: torch.Tensor, groups: list[Group], step: int) -> dict[str, Any]:
+        """The actor update on the selected groups: one epoch over `minibatches` mini-batches."""
+        cfg = self.config
+        mask = batch["response_mask"]
+        rollout = batch["rollout_log_probs"]
+        versions = batch["versions"]
+        num = mask.shape[0]
+        # whole groups per mini-batch; a smaller selection (fewer groups than a mini-batch) is one mini-batch
+        mb_index = (torch.arange(num) // cfg.n) // (cfg.prompts_per_step // cfg.minibatches)
+        if cfg.method == "darl":
+            rc = self.config.replay_config()
+            bw, sw = rc.resolved_behavior_weight, rc.resolved_source_weight
+            recorded = gather_recorded(groups, mask.shape[1]) if bw == "pmis" else None
+        else:
+            bw, sw, recorded = "own", "tokens", None
+        weights = batch_weights(mask, old, rollout, versions, bw, sw, cfg.threshold, recorded=recorded,
+                                minibatch_index=mb_index)
+        low, high = clip_ranges(versions, step, cfg.clip_low, cfg.clip_high, cfg.clip_decay if cfg.method == "darl" else 1.0)
+        adv = self.advantages(batch)
+        chi2 = sample_chi2(old, rollout, mask)  # mismatch of the trained batch (naive: 0 by construction)
+        stop_grad = cfg.stop_grad if cfg.method == "darl" else True
+
+        losses, norms, clipped, kept = [], [], 0, 0
+        for mb in range(int(mb_index.max()) + 1):
+            rows = (mb_index == mb).nonzero().squeeze(-1)
+            lp = self.token_log_probs(self.model, batch["prompts"][rows], batch["prompt_mask"][rows],
+                                      batch["responses"][rows], batch["response_attention"][rows])
+            if cfg.method == "naive" and mb == 0:
+                # pi_old is not recomputed; for the metric only, the mismatch of the current weights
+                chi2 = sample_chi2(torch.where(mask[rows], lp.detach(), 0.0), rollout[rows], mask[rows])
+            loss, stats = darl_policy_loss(lp, old[rows], adv[rows], mask[rows], weights.log_denominator[rows],
+                                           weights.token_coef[rows], low[rows], high[rows], cfg.threshold,
+                                           clip_ratio_c=cfg.clip_ratio_c, stop_grad=stop_grad)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            if torch.isfinite(norm):
+                self.optimizer.step()
+            losses.append(float(loss.detach()))
+            norms.append(float(norm))
+            clipped += int(stats["clipped"].sum())
+            kept += int(stats["keep"].sum())
+        present = weights.tokens > 0
+        ess_frac = float((weights.ess[present] / weights.tokens[present]).mean()) if present.any() else float("nan")
+        return {
+            "loss": float(np.mean(losses)),
+            "grad_norm": float(np.mean(norms)),
+            "clip_fraction": clipped / max(kept, 1),
+            "chi2_trained": _finite_mean(chi2),
+            "ess_fraction": ess_frac,
+            "truncated_fraction": weights.truncated_fraction,
+            "trained_groups": len(groups),
+            "trained_staleness": float(np.mean([step - g.version for g in groups])),
+            "trained_versions": len(weights.sources),
+            "skipped": False,
+        }
+
+    # ---- evaluation and the schedule ----
+
+    def evaluate(self) -> dict[str, Any]:
+        from recipe.darl.example.warm_start import greedy_accuracy
+
+        t0 = time.perf_counter()
+        acc = greedy_accuracy(self.model, self.tokenizer, self.val_problems,
+                              max_new_tokens=self.config.max_response_tokens, batch_size=self.config.eval_batch_size)
+        point = {"step": self.version, "samples": self.samples, "wall": self.wall, "accuracy": acc,
+                 "eval_s": time.perf_counter() - t0}
+        self.evals.append(point)
+        return point
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.config
+        self.evaluate()
+        for _ in range(cfg.steps):
+            m = self.step()
+            if cfg.eval_every and self.version % cfg.eval_every == 0 and self.version < cfg.steps:
+                p = self.evaluate()
+                self.log(f"[{cfg.name} s={cfg.staleness} seed={cfg.seed}] step {self.version}: acc {p['accuracy']:.3f} "
+                         f"reward {m['reward_mean']:.3f} wall {self.wall:.0f}s")
+        self.evaluate()
+        accs = [e["accuracy"] for e in self.evals]
+        return {
+            "name": cfg.name,
+            "config": dataclasses.asdict(cfg),
+            "evals": self.evals,
+            "steps": self.history,
+            "final_accuracy": accs[-1],
+            "best_accuracy": max(accs),
+            "initial_accuracy": accs[0],
+            "samples": self.samples,
+            "wall": self.wall,
+            "step_time_mean": self.wall / max(len(self.history), 1),
+        }
+
+
+def _finite_mean(x: torch.Tensor) -> float:
+    x = x[torch.isfinite(x)]
+    return float(x.double().mean()) if x.numel() else float("nan")
+
+
+def run(config: HarnessConfig, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """One run, single-threaded; returns the curves and the per-step metrics (JSON-serializable)."""
+    torch.set_num_threads(1)
+    return Harness(config, log=log).run()

@@ -1,0 +1,236 @@
+"""The controlled-staleness study (issue 6): methods x staleness x seeds, curves, plots and tables.
+
+    OMP_NUM_THREADS=1 python -m benchmarks.staleness.run_study --out runs/staleness \\
+        --staleness 1 2 4 8 --methods naive decoupled darl --seeds 0 1 2 --steps 300 --eval-every 20 --val-size 500
+    python -m benchmarks.staleness.run_study --quick --out runs/staleness-quick     # minutes
+    python -m benchmarks.staleness.run_study --report-only --out runs/staleness     # plots and tables again
+
+Each run appends one JSON line to OUT/results.jsonl (its config, evaluation curve, per-step metrics);
+runs already in the file are skipped, so an interrupted study resumes. `--jobs J` runs J processes
+side by side, one thread each. The report writes OUT/accuracy_vs_samples_s{S}.png, OUT/accuracy_vs_wall_s{S}.png
+and OUT/summary.md (mean +- std over seeds of final and best accuracy, samples to reach the naive
+run's final accuracy, step time, grad norm, clipped fraction, chi2, ESS, collapse events).
+
+Methods are names from METHODS below: the three seed configurations and the ablations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# name -> HarnessConfig overrides
+METHODS: dict[str, dict[str, Any]] = {
+    "naive": {"method": "naive"},
+    "decoupled": {"method": "decoupled"},
+    "darl": {"method": "darl"},  # K=4, pmis (selection + pmis weights + ess), stop_grad, warmup 5
+    # ablations
+    "replay_uniform": {"method": "darl", "pmis": False},  # newest first, own weights, token mean
+    "pmis_no_selection": {"method": "darl", "selection": False},  # pmis + ess weights, newest first
+    "selection_no_pmis": {"method": "darl", "selection": True, "behavior_weight": "own", "source_weight": "tokens"},
+    "darl_k2": {"method": "darl", "k": 2},
+    "darl_k8": {"method": "darl", "k": 8},
+    "darl_keep_zero_adv": {"method": "darl", "filter_zero_adv": False},
+    "darl_k1": {"method": "darl", "k": 1},  # no replay: selection and filtering only
+}
+
+
+def run_one(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    from benchmarks.staleness.harness import HarnessConfig, run
+
+    overrides = dict(METHODS[spec["method_name"]])
+    overrides.update(spec["common"])
+    config = HarnessConfig(staleness=spec["staleness"], seed=spec["seed"], label=spec["method_name"], **overrides)
+    result = run(config, log=lambda msg: print(msg, flush=True))
+    result.update(method_name=spec["method_name"], staleness=spec["staleness"], seed=spec["seed"])
+    return result
+
+
+def run_key(method: str, staleness: int, seed: int, common: dict[str, Any]) -> str:
+    return json.dumps([method, staleness, seed, sorted(common.items())])
+
+
+def load_results(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ---- report ---------------------------------------------------------------------------------
+
+def _mean_std(values: list[float]) -> str:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return "-"
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return f"{mean:.3f} ± {std:.3f}" if abs(mean) < 100 else f"{mean:.0f} ± {std:.0f}"
+
+
+def samples_to_reach(evals: list[dict[str, Any]], target: float) -> float | None:
+    for e in evals:
+        if e["accuracy"] >= target:
+            return e["samples"]
+    return None
+
+
+def step_mean(result: dict[str, Any], key: str) -> float:
+    vals = [s[key] for s in result["steps"] if s.get(key) is not None and isinstance(s.get(key), (int, float))
+            and math.isfinite(s[key])]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def collapse_events(evals: list[dict[str, Any]], drop: float = 0.15) -> int:
+    """Evaluations whose accuracy fell more than `drop` below the best one before them."""
+    best, events = -1.0, 0
+    for e in evals:
+        if best >= 0 and e["accuracy"] < best - drop:
+            events += 1
+        best = max(best, e["accuracy"])
+    return events
+
+
+def report(results: list[dict[str, Any]], out: Path) -> str:
+    by_cell: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in results:
+        by_cell.setdefault((r["staleness"], r["method_name"]), []).append(r)
+    stalenesses = sorted({s for s, _ in by_cell})
+    methods = [m for m in METHODS if any(m == k for _, k in by_cell)]
+    lines = ["| s | method | seeds | final acc | best acc | samples to naive final | step s | grad norm | clip frac | chi2 | ESS frac | collapses |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in stalenesses:
+        naive_final = {r["seed"]: r["final_accuracy"] for r in by_cell.get((s, "naive"), [])}
+        for m in methods:
+            runs = by_cell.get((s, m), [])
+            if not runs:
+                continue
+            reach = []
+            for r in runs:
+                target = naive_final.get(r["seed"])
+                reach.append(None if target is None else samples_to_reach(r["evals"], target))
+            reached = [x for x in reach if x is not None]
+            reach_txt = (_mean_std(reached) + (f" ({len(reached)}/{len(reach)})" if len(reached) < len(reach) else "")) if reached else "not reached"
+            lines.append(
+                f"| {s} | {m} | {len(runs)} | {_mean_std([r['final_accuracy'] for r in runs])} | "
+                f"{_mean_std([r['best_accuracy'] for r in runs])} | {reach_txt} | "
+                f"{_mean_std([r['step_time_mean'] for r in runs])} | {_mean_std([step_mean(r, 'grad_norm') for r in runs])} | "
+                f"{_mean_std([step_mean(r, 'clip_fraction') for r in runs])} | {_mean_std([step_mean(r, 'chi2_trained') for r in runs])} | "
+                f"{_mean_std([step_mean(r, 'ess_fraction') for r in runs])} | {sum(collapse_events(r['evals']) for r in runs)} |")
+    table = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text("# Controlled-staleness study\n\nMean ± std over seeds.\n\n" + table)
+    try:
+        _plots(by_cell, stalenesses, methods, out)
+    except ImportError as exc:  # matplotlib missing: tables only
+        print(f"no plots: {exc}", file=sys.stderr)
+    return table
+
+
+def _plots(by_cell, stalenesses, methods, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    for axis in ("samples", "wall"):
+        for s in stalenesses:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for m in methods:
+                runs = by_cell.get((s, m), [])
+                if not runs:
+                    continue
+                length = min(len(r["evals"]) for r in runs)
+                x = np.mean([[e[axis] for e in r["evals"][:length]] for r in runs], axis=0)
+                y = np.array([[e["accuracy"] for e in r["evals"][:length]] for r in runs])
+                mean, std = y.mean(0), y.std(0)
+                (line,) = ax.plot(x, mean, label=f"{m} (n={len(runs)})")
+                ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=line.get_color())
+            ax.set_xlabel("generated samples" if axis == "samples" else "wall time, generation + training (s)")
+            ax.set_ylabel("greedy validation accuracy")
+            ax.set_title(f"staleness s = {s}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            fig.savefig(out / f"accuracy_vs_{axis}_s{s}.png", dpi=120)
+            plt.close(fig)
+
+
+# ---- CLI ------------------------------------------------------------------------------------
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--methods", nargs="+", default=["naive", "decoupled", "darl"], choices=list(METHODS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--val-size", type=int, default=500)
+    p.add_argument("--prompts", type=int, default=32, help="prompts per step")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--minibatches", type=int, default=1)
+    p.add_argument("--jobs", type=int, default=1, help="runs side by side, one thread each")
+    p.add_argument("--quick", action="store_true", help="1 seed, s in {1, 4}, 40 steps, val 200: minutes")
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps, args.eval_every, args.val_size = [0], 40, 10, 200
+        if args.staleness == [1, 2, 4, 8]:
+            args.staleness = [1, 4]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_file = args.out / "results.jsonl"
+    common = {"steps": args.steps, "eval_every": args.eval_every, "val_size": args.val_size,
+              "prompts_per_step": args.prompts, "n": args.n, "lr": args.lr, "minibatches": args.minibatches}
+    if not args.report_only:
+        done = {run_key(r["method_name"], r["staleness"], r["seed"], r["common"]) for r in load_results(results_file)
+                if "common" in r}
+        specs = [{"method_name": m, "staleness": s, "seed": seed, "common": common}
+                 for s in args.staleness for seed in args.seeds for m in args.methods
+                 if run_key(m, s, seed, common) not in done]
+        print(f"{len(specs)} run(s) to do, results in {results_file}", flush=True)
+        if specs:
+            # build the cached example model once, before any worker needs it
+            from recipe.darl.example.build import build_example
+            build_example()
+
+        def save(result: dict[str, Any]) -> None:
+            with results_file.open("a") as f:
+                f.write(json.dumps(result) + "\n")
+            print(f"done {result['method_name']} s={result['staleness']} seed={result['seed']}: "
+                  f"final {result['final_accuracy']:.3f} best {result['best_accuracy']:.3f} "
+                  f"({result['wall']:.0f} s, {result['step_time_mean']:.2f} s/step)", flush=True)
+
+        if args.jobs > 1:
+            with ProcessPoolExecutor(args.jobs) as pool:
+                for result in pool.map(run_one, specs):
+                    result["common"] = common
+                    save(result)
+        else:
+            for spec in specs:
+                result = run_one(spec)
+                result["common"] = common
+                save(result)
+    results = [r for r in load_results(results_file)]
+    print(report(results, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
