@@ -370,7 +370,7 @@ class Harness:
                 index = torch.cat([torch.full((g.n,), i) for i, g in enumerate(candidates)])
                 scores = group_scores(chi2, index, len(candidates))
                 for g, s in zip(candidates, scores.tolist()):
-                    g.score, g.score_step = s, t
+                    g.score = s
                 mb_groups = cfg.prompts_per_step // cfg.minibatches
                 selection = select_groups(
                     budget=cfg.prompts_per_step,

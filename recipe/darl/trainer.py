@@ -169,7 +169,7 @@ class DarlTrainer(OneStepOffRayTrainer):
         index = torch.cat([torch.full((g.n,), i) for i, g in enumerate(groups)])
         scores = group_scores(sample, index, len(groups)).tolist()
         for g, s in zip(groups, scores):
-            g.score, g.score_step = s, self.global_steps
+            g.score = s
         timing["score"] = time.perf_counter() - t0
         return scores
 

@@ -43,8 +43,7 @@ class Group:
     arrival_step: int = -1
     seq: int = -1  # arrival order across the run, set by the buffer
     times_trained: int = 0
-    score: Optional[float] = None  # last chi2 group score
-    score_step: int = -1  # step at which `score` was computed
+    score: Optional[float] = None  # last chi2 group score (`rescore: lazy` reuses it)
 
     @property
     def n(self) -> int:
@@ -102,10 +101,6 @@ class Group:
         """A packed per-token field (`response_ids`, `response_mask`, `rollout_log_probs`) as [n, width]."""
         return unpack_rows(getattr(self, name), self.lengths, width, pad_value)
 
-    def padded_recorded(self, version: int, width: int) -> torch.Tensor:
-        """Recorded proximal log-probs of `version` as [n, width] (0 in the padding)."""
-        return unpack_rows(self.recorded[version], self.lengths, width, 0.0)
-
     def record(self, version: int, log_probs: torch.Tensor) -> None:
         """Stores log pi_old of step `version` for the group's tokens; log_probs: [n, L] padded or [T] packed."""
         if log_probs.dim() == 2:
@@ -125,7 +120,6 @@ class Group:
 class StepCandidates:
     """What `ReplayBuffer.begin_step` hands the step: candidates are buffered (in window) then fresh."""
 
-    step: int
     candidates: list[Group]
     fresh: list[Group]  # fresh groups that passed the zero-advantage filter
     window: list[int]  # behavior versions in the window, ascending
@@ -196,7 +190,7 @@ class ReplayBuffer:
         window = self.window_with([g.version for g in fresh])
         in_window = set(window)
         buffered = [] if self.in_warmup else [g for g in self.groups if g.version in in_window]
-        return StepCandidates(step, buffered + kept, kept, window, self.in_warmup, dropped)
+        return StepCandidates(buffered + kept, kept, window, self.in_warmup, dropped)
 
     def end_step(self, cands: StepCandidates, trained: list[Group]) -> EvictionStats:
         """Counts reuse of `trained`, inserts the fresh groups, evicts by window, reuse and memory cap."""
@@ -281,6 +275,6 @@ def gather_recorded(groups: list[Group], width: int) -> dict[int, tuple[torch.Te
     out = {}
     for j in versions:
         known = torch.cat([torch.full((g.n,), j in g.recorded, dtype=torch.bool) for g in groups])
-        rows = [g.padded_recorded(j, width) if j in g.recorded else torch.zeros(g.n, width) for g in groups]
+        rows = [unpack_rows(g.recorded[j], g.lengths, width) if j in g.recorded else torch.zeros(g.n, width) for g in groups]
         out[j] = (known, torch.cat(rows) if rows else torch.zeros(sum(sizes), width))
     return out
