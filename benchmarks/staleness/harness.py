@@ -464,6 +464,10 @@ class Harness:
             "truncated_fraction": weights.truncated_fraction,
             "trained_groups": len(groups),
             "trained_staleness": float(np.mean([step - g.version for g in groups])),
+            "trained_reuse": float(np.mean([g.times_trained for g in groups])),  # earlier updates on the same groups
+            # share of trained groups whose pmis denominator mixes in another behavior version (0: pmis == own)
+            "pmis_mixed_fraction": float(np.mean([any(j != g.version and j in weights.sources for j in g.recorded)
+                                                  for g in groups])),
             "trained_versions": len(weights.sources),
             "skipped": False,
         }

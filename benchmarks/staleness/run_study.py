@@ -107,8 +107,8 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
         by_cell.setdefault((r["staleness"], r["method_name"]), []).append(r)
     stalenesses = sorted({s for s, _ in by_cell})
     methods = [m for m in METHODS if any(m == k for _, k in by_cell)]
-    lines = ["| s | method | seeds | final acc | best acc | samples to naive final | step s | grad norm | clip frac | chi2 | ESS frac | collapses |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| s | method | seeds | final acc | best acc | samples to naive final | step s | grad norm | clip frac | chi2 | ESS frac | trained staleness | reuse | collapses |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in stalenesses:
         naive_final = {r["seed"]: r["final_accuracy"] for r in by_cell.get((s, "naive"), [])}
         for m in methods:
@@ -126,7 +126,8 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
                 f"{_mean_std([r['best_accuracy'] for r in runs])} | {reach_txt} | "
                 f"{_mean_std([r['step_time_mean'] for r in runs])} | {_mean_std([step_mean(r, 'grad_norm') for r in runs])} | "
                 f"{_mean_std([step_mean(r, 'clip_fraction') for r in runs])} | {_mean_std([step_mean(r, 'chi2_trained') for r in runs])} | "
-                f"{_mean_std([step_mean(r, 'ess_fraction') for r in runs])} | {sum(collapse_events(r['evals']) for r in runs)} |")
+                f"{_mean_std([step_mean(r, 'ess_fraction') for r in runs])} | "
+                f"{_mean_std([step_mean(r, 'trained_staleness') for r in runs])} | {_mean_std([step_mean(r, 'trained_reuse') for r in runs])} | {sum(collapse_events(r['evals']) for r in runs)} |")
     table = "\n".join(lines) + "\n"
     (out / "summary.md").write_text("# Controlled-staleness study\n\nMean ± std over seeds.\n\n" + table)
     try:

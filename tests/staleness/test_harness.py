@@ -87,6 +87,17 @@ def test_darl_buffer_spans_versions(model_dir):
     assert any(len(g.recorded) > 1 for g in h.buffer.groups)
 
 
+def test_pmis_mixes_versions_only_while_staleness_is_below_k(model_dir):
+    """A group of version v is rescored at versions >= v + s; the batch's behavior versions are <= t - s.
+    With s >= k no recorded version is a behavior version, so pmis has nothing to mix (DESIGN R2).
+    A small lr keeps the drift small enough that selection takes replayed groups beside fresh ones."""
+    mixed = run_steps(make(model_dir, "darl", 1, lr=1e-5), 6)
+    assert any(m["trained_versions"] > 1 and m["pmis_mixed_fraction"] > 0 for m in mixed if not m["skipped"])
+    inert = [m for m in run_steps(make(model_dir, "darl", 2, k=2, lr=1e-5), 6) if not m["skipped"]]
+    assert any(m["trained_versions"] > 1 for m in inert)
+    assert all(m["pmis_mixed_fraction"] == 0.0 for m in inert)
+
+
 def test_ablation_switches_resolve(model_dir):
     for name, overrides in METHODS.items():
         cfg = HarnessConfig(**{**overrides, "model_dir": str(model_dir)})

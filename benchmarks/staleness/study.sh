@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The study in docs/evidence.md, in the order it was run: every table and figure there comes from it.
+# Resumable: runs already in OUT/results.jsonl are skipped. About 2 hours with 2 jobs on 2 cores.
+#   bash benchmarks/staleness/study.sh [OUT]          (default runs/staleness)
+#   STEPS=10 SEEDS=0 bash benchmarks/staleness/study.sh runs/staleness-mini    # a reduced version, minutes
+set -euo pipefail
+OUT="${1:-runs/staleness}"
+STEPS="${STEPS:-50}"
+SEEDS="${SEEDS:-0 1 2}"
+JOBS="${JOBS:-2}"
+export OMP_NUM_THREADS=1
+# the shipped CPU scripts' optimizer settings: lr 5e-5, two mini-batches per step (shells/cpu/common.sh)
+common=(--out "$OUT" --seeds $SEEDS --steps "$STEPS" --eval-every 10 --val-size 500 --lr 5e-5 --minibatches 2 --jobs "$JOBS")
+study() { python -m benchmarks.staleness.run_study "${common[@]}" "$@"; }
+
+study --staleness 4 --methods naive decoupled darl
+study --staleness 1 --methods naive decoupled darl
+study --staleness 4 --methods darl_k1 replay_uniform pmis_no_selection selection_no_pmis darl_keep_zero_adv darl_k2 darl_k8
+study --staleness 8 --methods naive decoupled darl
+study --staleness 2 --methods naive decoupled darl
+study --report-only
