@@ -137,34 +137,110 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
     return table
 
 
+MAIN_METHODS = ("naive", "decoupled", "darl")
+
+
+def _curve(runs: list[dict[str, Any]], axis: str):
+    """Mean x, and mean and std of accuracy over seeds, cut to the shortest run."""
+    import numpy as np
+
+    length = min(len(r["evals"]) for r in runs)
+    x = np.mean([[e[axis] for e in r["evals"][:length]] for r in runs], axis=0)
+    y = np.array([[e["accuracy"] for e in r["evals"][:length]] for r in runs])
+    return x, y.mean(0), y.std(0)
+
+
+def _step_series(runs: list[dict[str, Any]], key: str):
+    """Per-step mean over seeds of a step metric (NaN where missing)."""
+    import numpy as np
+
+    length = min(len(r["steps"]) for r in runs)
+    vals = np.array([[float(s[key]) if isinstance(s.get(key), (int, float)) else np.nan for s in r["steps"][:length]]
+                     for r in runs])
+    return np.arange(length), np.nanmean(vals, axis=0) if np.isfinite(vals).any() else vals[0]
+
+
 def _plots(by_cell, stalenesses, methods, out: Path) -> None:
+    """accuracy_vs_{samples,wall}_s{S}.png (the three methods), ablations_s{S}.png and replay_s{S}.png
+    (D-ARL and its ablations, where run), final_vs_staleness.png (one point per method and s)."""
+    import warnings
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    for axis in ("samples", "wall"):
-        for s in stalenesses:
-            fig, ax = plt.subplots(figsize=(6, 4))
-            for m in methods:
-                runs = by_cell.get((s, m), [])
-                if not runs:
-                    continue
-                length = min(len(r["evals"]) for r in runs)
-                x = np.mean([[e[axis] for e in r["evals"][:length]] for r in runs], axis=0)
-                y = np.array([[e["accuracy"] for e in r["evals"][:length]] for r in runs])
-                mean, std = y.mean(0), y.std(0)
+    warnings.filterwarnings("ignore", message="Mean of empty slice")
+
+    def curves(ax, s, names, axis):
+        for m in names:
+            runs = by_cell.get((s, m), [])
+            if runs:
+                x, mean, std = _curve(runs, axis)
                 (line,) = ax.plot(x, mean, label=f"{m} (n={len(runs)})")
-                ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=line.get_color())
+                ax.fill_between(x, mean - std, mean + std, alpha=0.15, color=line.get_color())
+        ax.set_ylabel("greedy validation accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+
+    for s in stalenesses:
+        for axis in ("samples", "wall"):
+            fig, ax = plt.subplots(figsize=(6, 4))
+            curves(ax, s, [m for m in methods if m in MAIN_METHODS], axis)
             ax.set_xlabel("generated samples" if axis == "samples" else "wall time, generation + training (s)")
-            ax.set_ylabel("greedy validation accuracy")
-            ax.set_title(f"staleness s = {s}")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            ax.set_title(f"staleness s = {s} (mean ± std over seeds)")
             fig.tight_layout()
-            fig.savefig(out / f"accuracy_vs_{axis}_s{s}.png", dpi=120)
+            fig.savefig(out / f"accuracy_vs_{axis}_s{s}.png", dpi=110)
             plt.close(fig)
+        ablations = [m for m in methods if m not in ("naive", "decoupled") and (s, m) in by_cell]
+        if len(ablations) < 2:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        curves(ax, s, ["decoupled"] + ablations, "samples")
+        ax.set_xlabel("generated samples")
+        ax.set_title(f"D-ARL ablations, s = {s}")
+        fig.tight_layout()
+        fig.savefig(out / f"ablations_s{s}.png", dpi=110)
+        plt.close(fig)
+        keys = [("trained_staleness", "staleness of trained groups"), ("chi2_trained", "chi2 of trained batch"),
+                ("trained_reuse", "earlier updates on trained groups"), ("grad_norm", "grad norm")]
+        fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.4))
+        for ax, (key, title) in zip(axes, keys):
+            for m in ["decoupled"] + ablations:
+                runs = by_cell.get((s, m), [])
+                if runs:
+                    x, y = _step_series(runs, key)
+                    ax.plot(x, y, label=m, lw=1)
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=6)
+        fig.suptitle(f"replay metrics per step, s = {s} (mean over seeds)", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(out / f"replay_s{s}.png", dpi=110)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in MAIN_METHODS:
+        pts = [(s, [r["final_accuracy"] for r in by_cell[(s, m)]]) for s in stalenesses if (s, m) in by_cell]
+        if pts:
+            xs = [p[0] for p in pts]
+            ax.errorbar(xs, [np.mean(p[1]) for p in pts], yerr=[np.std(p[1]) for p in pts], marker="o", capsize=3,
+                        label=m)
+    starts = [r["initial_accuracy"] for runs in by_cell.values() for r in runs]
+    if starts:
+        ax.axhline(sum(starts) / len(starts), color="gray", ls=":", label="start")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(stalenesses, [str(s) for s in stalenesses])
+    ax.set_xlabel("staleness s (versions)")
+    ax.set_ylabel("final greedy validation accuracy")
+    ax.set_title("final accuracy (mean ± std over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "final_vs_staleness.png", dpi=110)
+    plt.close(fig)
 
 
 # ---- CLI ------------------------------------------------------------------------------------

@@ -129,6 +129,10 @@ def test_run_and_report(model_dir, tmp_path):
     result.update(method_name="darl", staleness=1, seed=0)
     naive = make(model_dir, "naive", 1).run()
     naive.update(method_name="naive", staleness=1, seed=0)
-    table = report([result, naive], tmp_path)
-    assert "| 1 | darl |" in table and "| 1 | naive |" in table
+    uniform = make(model_dir, "darl", 1, pmis=False).run()
+    uniform.update(method_name="replay_uniform", staleness=1, seed=0)
+    table = report([result, naive, uniform], tmp_path)
+    assert "| 1 | darl |" in table and "| 1 | naive |" in table and "| 1 | replay_uniform |" in table
     assert (tmp_path / "summary.md").exists()
+    for png in ("accuracy_vs_samples_s1", "accuracy_vs_wall_s1", "ablations_s1", "replay_s1", "final_vs_staleness"):
+        assert (tmp_path / f"{png}.png").stat().st_size > 1000, png
