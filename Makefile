@@ -1,6 +1,7 @@
 # make test: builds .venv (CPU stack, pinned), installs the project, runs the whole suite.
 # make demo: D-ARL end to end on CPU on the built-in example (Ray, FSDP2 trainer, hf rollout, replay K=4).
 # make bench: the core's speed and memory benchmark (docs/performance.md).
+# make evidence: the controlled-staleness study of docs/evidence.md into runs/staleness (about 2 hours).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench evidence clean
 
 $(STAMP): requirements.txt constraints.txt setup.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is required"'
@@ -28,6 +29,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_core.py
+
+evidence: $(STAMP)
+	PYTHON=$(abspath $(PY)) bash benchmarks/staleness/study.sh runs/staleness
 
 demo: $(STAMP)
 	$(PY) -m recipe.darl.demo

@@ -2,7 +2,8 @@
 # The study in docs/evidence.md, in the order it was run: every table and figure there comes from it.
 # Resumable: runs already in OUT/results.jsonl are skipped. About 2 hours with 2 jobs on 2 cores.
 #   bash benchmarks/staleness/study.sh [OUT]          (default runs/staleness)
-#   STEPS=10 SEEDS=0 bash benchmarks/staleness/study.sh runs/staleness-mini    # a reduced version, minutes
+#   STEPS=10 SEEDS=0 bash benchmarks/staleness/study.sh runs/staleness-mini    # a reduced version, ~12 min
+#   python -m benchmarks.staleness.run_study --report-only --out docs/evidence  # figures from the committed results
 set -euo pipefail
 OUT="${1:-runs/staleness}"
 STEPS="${STEPS:-50}"
@@ -11,7 +12,7 @@ JOBS="${JOBS:-2}"
 export OMP_NUM_THREADS=1
 # the shipped CPU scripts' optimizer settings: lr 5e-5, two mini-batches per step (shells/cpu/common.sh)
 common=(--out "$OUT" --seeds $SEEDS --steps "$STEPS" --eval-every 10 --val-size 500 --lr 5e-5 --minibatches 2 --jobs "$JOBS")
-study() { python -m benchmarks.staleness.run_study "${common[@]}" "$@"; }
+study() { "${PYTHON:-python}" -m benchmarks.staleness.run_study "${common[@]}" "$@"; }
 
 study --staleness 4 --methods naive decoupled darl
 study --staleness 1 --methods naive decoupled darl
