@@ -17,6 +17,7 @@ Methods are names from METHODS below: the three seed configurations and the abla
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -62,9 +63,15 @@ def run_key(method: str, staleness: int, seed: int, common: dict[str, Any]) -> s
 
 
 def load_results(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
+    """The runs in OUT/results.jsonl, or in OUT/results.jsonl.gz (how docs/evidence keeps them)."""
+    packed = path.with_name(path.name + ".gz")
+    if path.exists():
+        text = path.read_text()
+    elif packed.exists():
+        text = gzip.decompress(packed.read_bytes()).decode()
+    else:
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 # ---- report ---------------------------------------------------------------------------------
