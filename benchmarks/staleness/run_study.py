@@ -41,6 +41,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "darl_k8": {"method": "darl", "k": 8},
     "darl_keep_zero_adv": {"method": "darl", "filter_zero_adv": False},
     "darl_k1": {"method": "darl", "k": 1},  # no replay: selection and filtering only
+    "darl_max_reuse1": {"method": "darl", "max_reuse": 1},  # selection, but a group is trained at most once
 }
 
 

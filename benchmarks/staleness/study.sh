@@ -19,6 +19,8 @@ study --staleness 1 --methods naive decoupled darl
 study --staleness 4 --methods darl_k1 replay_uniform pmis_no_selection selection_no_pmis darl_keep_zero_adv darl_k2 darl_k8
 study --staleness 8 --methods naive decoupled darl
 study --staleness 2 --methods naive decoupled darl
-# added after the s = 4 ablations singled out the chi2 selection: replay with pmis weights but no selection
-study --staleness 1 8 --methods pmis_no_selection
+# added after the s = 4 ablations singled out the chi2 selection: selection with each group trained at
+# most once, and replay with pmis weights but no selection at s = 1 (the one-step-off trainer's setting)
+study --staleness 4 --methods darl_max_reuse1
+study --staleness 1 --methods pmis_no_selection
 study --report-only
