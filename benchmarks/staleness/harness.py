@@ -430,7 +430,8 @@ class Harness:
                                 minibatch_index=mb_index)
         low, high = clip_ranges(versions, step, cfg.clip_low, cfg.clip_high, cfg.clip_decay if cfg.method == "darl" else 1.0)
         adv = self.advantages(batch)
-        chi2 = sample_chi2(old, rollout, mask)  # mismatch of the trained batch (naive: 0 by construction)
+        # mismatch of the trained batch; naive's pi_old is mu (0 by construction), so it is measured below
+        chi2 = None if cfg.method == "naive" else sample_chi2(old, rollout, mask)
         stop_grad = cfg.stop_grad if cfg.method == "darl" else True
 
         losses, norms, clipped, kept = [], [], 0, 0

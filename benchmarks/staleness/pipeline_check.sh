@@ -13,13 +13,13 @@ for cfg in async decoupled pmis_sg; do
     echo "$cfg done: $OUT/$cfg/metrics.jsonl"
 done
 PYTHONPATH="$ROOT" "${PYTHON:-$ROOT/.venv/bin/python}" - "$OUT" <<'PY'
-import json, sys
+import sys
 from pathlib import Path
-out = Path(sys.argv[1])
 from recipe.darl.demo import VAL_KEY
+from recipe.darl.plot import read_log
+out = Path(sys.argv[1])
 print("| config | greedy val accuracy at step |\n|---|---|")
 for cfg in ("async", "decoupled", "pmis_sg"):
-    rows = [json.loads(l) for l in (out / cfg / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    accs = [(r["step"], r["data"][VAL_KEY]) for r in rows if VAL_KEY in r["data"]]
+    accs = read_log(out / cfg / "metrics.jsonl").get(VAL_KEY, [])
     print(f"| {cfg} | " + ", ".join(f"{s}: {a:.3f}" for s, a in accs) + " |")
 PY

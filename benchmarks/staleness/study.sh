@@ -2,7 +2,7 @@
 # The study in docs/evidence.md, in the order it was run: every table and figure there comes from it.
 # Resumable: runs already in OUT/results.jsonl are skipped. About 2.5 hours with 2 jobs on 2 cores.
 #   bash benchmarks/staleness/study.sh [OUT]          (default runs/staleness)
-#   STEPS=10 SEEDS=0 bash benchmarks/staleness/study.sh runs/staleness-mini    # reduced: ~10 min, estimated from step times
+#   STEPS=10 SEEDS=0 bash benchmarks/staleness/study.sh runs/staleness-mini    # reduced: 1 seed, 10 steps
 #   python -m benchmarks.staleness.run_study --report-only --out docs/evidence  # figures from the committed results
 set -euo pipefail
 OUT="${1:-runs/staleness}"
