@@ -86,17 +86,21 @@ class HarnessConfig:
     clip_high: float = 0.2
     clip_ratio_c: float = 3.0  # verl's dual clip
     threshold: float = 2.0  # rollout_is_threshold C (decoupled, darl)
-    minibatches: int = 1  # optimizer mini-batches per step (one epoch)
+    minibatches: int = 1  # optimizer mini-batches per pass
+    epochs: int = 1  # passes over the step's batch (verl's ppo_epochs); 2 with decoupled: the equal-update baseline
     # D-ARL (method "darl"); the defaults are the seed's `_pmis_sg` configuration
     k: int = 4
     warmup: int = 5
     pmis: bool = True
-    selection: Optional[bool] = None  # variance-guided selection; None follows pmis, False: newest first
+    order: Optional[str] = None  # chi2/newest/least_reused; None follows pmis
+    ratio: Any = None  # additive replay: replayed groups per fresh budget; False: fixed budget; None follows pmis
+    m2_budget: Any = None  # second-moment gate; False: off; None follows pmis
+    behavior_clip: Any = None  # trust region around the behavior policy; False: off; None follows pmis
     behavior_weight: Optional[str] = None  # own/pmis; None follows pmis
     source_weight: Optional[str] = None  # ess/tokens; None follows pmis
     filter_zero_adv: bool = True
     max_score: Optional[float] = None
-    max_reuse: Optional[int] = None
+    max_reuse: Any = None
     clip_decay: float = 1.0
     stop_grad: bool = True
     # data and evaluation
@@ -116,6 +120,8 @@ class HarnessConfig:
             raise ValueError(f"reward must be 'arithmetic' or 'digits', got {self.reward!r}")
         if self.prompts_per_step % self.minibatches:
             raise ValueError("prompts_per_step must divide by minibatches")
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.method == "darl":
             self.replay_config()  # validates the replay keys with the trainer's own checks
 
@@ -123,11 +129,8 @@ class HarnessConfig:
         return ReplayConfig(enable=True, k=self.k, pmis=self.pmis, warmup=self.warmup, max_score=self.max_score,
                             filter_zero_adv=self.filter_zero_adv, max_reuse=self.max_reuse,
                             behavior_weight=self.behavior_weight, source_weight=self.source_weight,
-                            clip_decay=self.clip_decay, stop_grad=self.stop_grad)
-
-    @property
-    def use_selection(self) -> bool:
-        return self.pmis if self.selection is None else self.selection
+                            clip_decay=self.clip_decay, stop_grad=self.stop_grad, order=self.order,
+                            ratio=self.ratio, m2_budget=self.m2_budget, behavior_clip=self.behavior_clip)
 
     @property
     def name(self) -> str:
@@ -136,8 +139,10 @@ class HarnessConfig:
         if self.method != "darl":
             return self.method
         rc = self.replay_config()
-        parts = [f"darl_k{self.k}", "sel" if self.use_selection else "newest",
-                 rc.resolved_behavior_weight, rc.resolved_source_weight]
+        parts = [f"darl_k{self.k}", rc.resolved("order"), rc.resolved_behavior_weight, rc.resolved_source_weight]
+        for key in ("ratio", "m2_budget", "behavior_clip", "max_reuse"):
+            if rc.resolved(key) is not None:
+                parts.append(f"{key}{rc.resolved(key):g}")
         if not self.filter_zero_adv:
             parts.append("keep0adv")
         if not self.stop_grad:
@@ -357,34 +362,50 @@ class Harness:
         selected: list[Group] = []
         old = batch = None
         if candidates:
-            batch = self.batch_of(candidates)
-            if cfg.method == "naive":
-                old = batch["rollout_log_probs"]  # no recompute: pi_old := mu
-            else:
-                old = self.recompute(batch)
+            rc = cfg.replay_config() if cfg.method == "darl" else None
+            order = rc.resolved("order") if rc else None
+            mb_groups = cfg.prompts_per_step // cfg.minibatches
+            if cfg.method == "darl" and order != "chi2":
+                # nothing to score: select first, then recompute pi_old for the selected groups only
+                ratio = rc.resolved("ratio")
+                fresh_ids = {id(g) for g in cands.fresh}
+                selection = select_groups(
+                    budget=cfg.prompts_per_step, versions=torch.tensor([g.version for g in candidates]),
+                    arrival=torch.tensor([g.seq for g in candidates]), multiple=mb_groups, min_multiple=1,
+                    order=order, reuse=torch.tensor([g.times_trained for g in candidates]),
+                    fresh=torch.tensor([id(g) in fresh_ids for g in candidates]),
+                    extra=None if ratio is None else int(round(ratio * cfg.prompts_per_step)))
+                chosen = sorted(selection.selected, key=lambda i: candidates[i].seq)
+                candidates = [candidates[i] for i in chosen]
+                chosen = list(range(len(candidates)))
+                m["candidates"] = len(cands.candidates)
+            if candidates:
+                batch = self.batch_of(candidates)
+                if cfg.method == "naive":
+                    old = batch["rollout_log_probs"]  # no recompute: pi_old := mu
+                else:
+                    old = self.recompute(batch)
             if cfg.method == "darl":
                 for i, g in enumerate(candidates):
                     g.record(t, old[i * cfg.n:(i + 1) * cfg.n])
-            if cfg.method == "darl":
+            if cfg.method == "darl" and order == "chi2":
                 chi2 = sample_chi2(old, batch["rollout_log_probs"], batch["response_mask"])
                 index = torch.cat([torch.full((g.n,), i) for i, g in enumerate(candidates)])
                 scores = group_scores(chi2, index, len(candidates))
                 for g, s in zip(candidates, scores.tolist()):
                     g.score = s
-                mb_groups = cfg.prompts_per_step // cfg.minibatches
                 selection = select_groups(
                     budget=cfg.prompts_per_step,
                     versions=torch.tensor([g.version for g in candidates]),
                     arrival=torch.tensor([g.seq for g in candidates]),
-                    scores=scores.double() if cfg.use_selection else None,
-                    max_score=cfg.max_score if cfg.use_selection else None,
+                    scores=scores.double(), max_score=cfg.max_score, order="chi2",
                     multiple=mb_groups, min_multiple=1)
                 m["candidates"] = len(candidates)
                 m["chi2_candidates"] = _finite_mean(scores)
-            else:
-                selection = Selection(list(range(len(candidates))), len(candidates), len(candidates), False)
-            # train in arrival order, as the trainer does, so mini-batches mix scores
-            chosen = sorted(selection.selected, key=lambda i: candidates[i].seq if cfg.method == "darl" else i)
+                # train in arrival order, as the trainer does, so mini-batches mix scores
+                chosen = sorted(selection.selected, key=lambda i: candidates[i].seq)
+            elif cfg.method != "darl":
+                chosen = list(range(len(candidates)))
             selected = [candidates[i] for i in chosen]
         if selected:
             rows = torch.cat([torch.arange(i * cfg.n, (i + 1) * cfg.n) for i in chosen])
@@ -426,16 +447,19 @@ class Harness:
             recorded = gather_recorded(groups, mask.shape[1]) if bw == "pmis" else None
         else:
             bw, sw, recorded = "own", "tokens", None
+        rc = cfg.replay_config() if cfg.method == "darl" else None
         weights = batch_weights(mask, old, rollout, versions, bw, sw, cfg.threshold, recorded=recorded,
-                                minibatch_index=mb_index)
+                                minibatch_index=mb_index, m2_budget=rc.resolved("m2_budget") if rc else None)
+        behavior_clip = rc.resolved("behavior_clip") if rc else None
         low, high = clip_ranges(versions, step, cfg.clip_low, cfg.clip_high, cfg.clip_decay if cfg.method == "darl" else 1.0)
         adv = self.advantages(batch)
         # mismatch of the trained batch; naive's pi_old is mu (0 by construction), so it is measured below
         chi2 = None if cfg.method == "naive" else sample_chi2(old, rollout, mask)
         stop_grad = cfg.stop_grad if cfg.method == "darl" else True
 
-        losses, norms, clipped, kept = [], [], 0, 0
-        for mb in range(int(mb_index.max()) + 1):
+        losses, norms, clipped, kept, bclipped = [], [], 0, 0, 0
+        passes = [mb for _ in range(cfg.epochs) for mb in range(int(mb_index.max()) + 1)]
+        for mb in passes:
             rows = (mb_index == mb).nonzero().squeeze(-1)
             lp = self.token_log_probs(self.model, batch["prompts"][rows], batch["prompt_mask"][rows],
                                       batch["responses"][rows], batch["response_attention"][rows])
@@ -444,7 +468,8 @@ class Harness:
                 chi2 = sample_chi2(torch.where(mask[rows], lp.detach(), 0.0), rollout[rows], mask[rows])
             loss, stats = darl_policy_loss(lp, old[rows], adv[rows], mask[rows], weights.log_denominator[rows],
                                            weights.token_coef[rows], low[rows], high[rows], cfg.threshold,
-                                           clip_ratio_c=cfg.clip_ratio_c, stop_grad=stop_grad)
+                                           clip_ratio_c=cfg.clip_ratio_c, stop_grad=stop_grad,
+                                           behavior_clip=behavior_clip)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
@@ -454,6 +479,7 @@ class Harness:
             norms.append(float(norm))
             clipped += int(stats["clipped"].sum())
             kept += int(stats["keep"].sum())
+            bclipped += int(stats["behavior_clipped"].sum())
         present = weights.tokens > 0
         ess_frac = float((weights.ess[present] / weights.tokens[present]).mean()) if present.any() else float("nan")
         return {
@@ -463,6 +489,9 @@ class Harness:
             "chi2_trained": _finite_mean(chi2),
             "ess_fraction": ess_frac,
             "truncated_fraction": weights.truncated_fraction,
+            "m2_gated_fraction": weights.metrics["m2_gated_fraction"],
+            "behavior_clip_fraction": bclipped / max(kept, 1),
+            "updates": len(passes),
             "trained_groups": len(groups),
             "trained_staleness": float(np.mean([step - g.version for g in groups])),
             "trained_reuse": float(np.mean([g.times_trained for g in groups])),  # earlier updates on the same groups

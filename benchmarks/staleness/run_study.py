@@ -28,21 +28,44 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# name -> HarnessConfig overrides
+# name -> HarnessConfig overrides ("staleness" pins a method's staleness whatever the cell's)
+V1 = {"order": "chi2", "ratio": False, "m2_budget": False, "behavior_clip": False, "max_reuse": False}
 METHODS: dict[str, dict[str, Any]] = {
+    "sync": {"method": "decoupled", "staleness": 0},  # the ceiling async tries to reach
     "naive": {"method": "naive"},
     "decoupled": {"method": "decoupled"},
-    "darl": {"method": "darl"},  # K=4, pmis (selection + pmis weights + ess), stop_grad, warmup 5
-    # ablations
+    "equal_update": {"method": "decoupled", "epochs": 2},  # as many optimizer updates as replay with ratio 1
+    "darl": {"method": "darl"},  # the `pmis: true` preset (second design, core/config.py PRESET)
+    # ablations of the preset, one switch each
+    "darl_no_m2": {"method": "darl", "m2_budget": False},
+    "darl_no_bclip": {"method": "darl", "behavior_clip": False},
+    "darl_fixed": {"method": "darl", "ratio": False},  # fixed budget: replay may displace fresh groups
+    "darl_newest": {"method": "darl", "order": "newest"},
+    "darl_no_reuse_cap": {"method": "darl", "max_reuse": False},
+    "darl_k1": {"method": "darl", "k": 1},  # no replay: the gates and the trust region on fresh groups
+    "darl_ratio1": {"method": "darl", "ratio": 1.0},
+    "gates_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False},  # decoupled + m2 gate + behavior clip
+    "bclip_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "m2_budget": False},
+    "m2_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False},
+    # the first design (DESIGN.md section 3) and its ablations, as studied in docs/evidence.md's dated section
+    "darl_v1": {"method": "darl", **V1},
     "replay_uniform": {"method": "darl", "pmis": False},  # newest first, own weights, token mean
-    "pmis_no_selection": {"method": "darl", "selection": False},  # pmis + ess weights, newest first
-    "selection_no_pmis": {"method": "darl", "selection": True, "behavior_weight": "own", "source_weight": "tokens"},
-    "darl_k2": {"method": "darl", "k": 2},
-    "darl_k8": {"method": "darl", "k": 8},
-    "darl_keep_zero_adv": {"method": "darl", "filter_zero_adv": False},
-    "darl_k1": {"method": "darl", "k": 1},  # no replay: selection and filtering only
-    "darl_max_reuse1": {"method": "darl", "max_reuse": 1},  # selection, but a group is trained at most once
+    "pmis_no_selection": {"method": "darl", **V1, "order": "newest"},  # pmis + ess weights, newest first
+    "selection_no_pmis": {"method": "darl", **V1, "behavior_weight": "own", "source_weight": "tokens"},
+    "darl_v1_k2": {"method": "darl", **V1, "k": 2},
+    "darl_v1_k8": {"method": "darl", **V1, "k": 8},
+    "darl_v1_keep_zero_adv": {"method": "darl", **V1, "filter_zero_adv": False},
+    "darl_v1_k1": {"method": "darl", **V1, "k": 1},
+    "darl_v1_max_reuse1": {"method": "darl", **V1, "max_reuse": 1},
 }
+# names the first study's results carry (docs/evidence/v1): its `darl` was today's `darl_v1`
+V1_NAMES = {"darl": "darl_v1", "darl_k2": "darl_v1_k2", "darl_k8": "darl_v1_k8", "darl_k1": "darl_v1_k1",
+            "darl_keep_zero_adv": "darl_v1_keep_zero_adv", "darl_max_reuse1": "darl_v1_max_reuse1"}
+
+
+def cell_staleness(method: str, staleness: int) -> int:
+    """The staleness a method runs at in a cell of staleness `staleness` (sync always runs at 0)."""
+    return METHODS[method].get("staleness", staleness)
 
 
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
@@ -52,6 +75,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     from benchmarks.staleness.harness import HarnessConfig, run
 
     overrides = dict(METHODS[spec["method_name"]])
+    overrides.pop("staleness", None)
     overrides.update(spec["common"])
     config = HarnessConfig(staleness=spec["staleness"], seed=spec["seed"], label=spec["method_name"], **overrides)
     result = run(config, log=lambda msg: print(msg, flush=True))
@@ -300,9 +324,14 @@ def main(argv=None) -> int:
     if not args.report_only:
         done = {run_key(r["method_name"], r["staleness"], r["seed"], r["common"]) for r in load_results(results_file)
                 if "common" in r}
-        specs = [{"method_name": m, "staleness": s, "seed": seed, "common": common}
-                 for s in args.staleness for seed in args.seeds for m in args.methods
-                 if run_key(m, s, seed, common) not in done]
+        specs, seen = [], set(done)
+        for s in args.staleness:
+            for seed in args.seeds:
+                for m in args.methods:
+                    key = run_key(m, cell_staleness(m, s), seed, common)
+                    if key not in seen:
+                        seen.add(key)
+                        specs.append({"method_name": m, "staleness": cell_staleness(m, s), "seed": seed, "common": common})
         print(f"{len(specs)} run(s) to do, results in {results_file}", flush=True)
         if specs:
             # build the cached example model once, before any worker needs it

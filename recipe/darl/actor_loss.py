@@ -26,7 +26,8 @@ BATCH_KEYS = ("darl_log_denominator", "darl_token_coef", "darl_clip_low", "darl_
 
 
 def darl_loss(
-    config: ActorConfig, model_output, data: TensorDict, dp_group=None, *, threshold: float, stop_grad: bool
+    config: ActorConfig, model_output, data: TensorDict, dp_group=None, *, threshold: float, stop_grad: bool,
+    behavior_clip: float | None = None,
 ):
     """verl loss function: returns (loss, metrics) for one micro-batch."""
     missing = [k for k in BATCH_KEYS if k not in data.keys()]
@@ -61,6 +62,7 @@ def darl_loss(
         threshold=threshold,
         clip_ratio_c=config.get("clip_ratio_c", 3.0),
         stop_grad=stop_grad,
+        behavior_clip=behavior_clip,
     )
     # token_coef sums to 1 over the global mini-batch; FSDP averages gradients over dp ranks
     pg_loss = pg_sum * dp_size
@@ -70,6 +72,8 @@ def darl_loss(
         "actor/pg_loss": Metric(value=pg_loss, aggregation=AggregationType.SUM),
         "actor/pg_clipfrac": Metric(value=(stats["clipped"].sum() / kept).item(), aggregation=AggregationType.MEAN),
         "actor/ppo_kl": Metric(value=(-(stats["neg_approx_kl"] * keep).sum() / kept).item(), aggregation=AggregationType.MEAN),
+        "actor/behavior_clipfrac": Metric(value=(stats["behavior_clipped"].sum() / kept).item(),
+                                          aggregation=AggregationType.MEAN),
         "actor/rho_bar_mean": Metric(value=((stats["rho_bar"] * keep).sum() / kept).item(), aggregation=AggregationType.MEAN),
     }
     policy_loss = pg_loss

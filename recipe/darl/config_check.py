@@ -42,6 +42,11 @@ def apply_seed_aliases(cfg: DictConfig) -> list[str]:
             problems.append(f"algorithm.rollout_is=false contradicts algorithm.rollout_correction.rollout_is={corr.rollout_is!r}")
         elif alias_is:
             corr.rollout_is = "token"
+            # in the seed's verl, rollout_is meant IS weights from old log-probs the trainer recomputes
+            if corr.get("bypass_mode") is True:
+                problems.append("algorithm.rollout_is=true (the seed's decoupled IS) contradicts "
+                                "algorithm.rollout_correction.bypass_mode=true; drop one of them")
+            corr.bypass_mode = False
     if alias_thr is not None:
         current = corr.rollout_is_threshold
         if _number(current) and float(current) not in (float(VERL_DEFAULT_THRESHOLD), float(alias_thr)):
@@ -49,6 +54,8 @@ def apply_seed_aliases(cfg: DictConfig) -> list[str]:
                             f"algorithm.rollout_correction.rollout_is_threshold={current}")
         else:
             corr.rollout_is_threshold = alias_thr
+    if corr.get("bypass_mode") is None:
+        corr.bypass_mode = True  # one-step-off's default
     with open_dict(algo):  # verl's AlgoConfig dataclass does not know the aliases
         algo.pop("rollout_is", None)
         algo.pop("rollout_is_threshold", None)

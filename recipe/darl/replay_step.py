@@ -159,6 +159,7 @@ def loss_inputs(
         threshold=threshold,
         recorded=gather_recorded(groups, width) if replay.resolved_behavior_weight == "pmis" else None,
         minibatch_index=minibatch_index(len(versions), mini_batch_samples, dp_size),
+        m2_budget=replay.resolved("m2_budget"),
     )
     low, high = clip_ranges(versions, step, clip_low, clip_high, replay.clip_decay)
     batch.batch["darl_log_denominator"] = weights.log_denominator.float()
@@ -218,6 +219,7 @@ def replay_metrics(
             m[f"replay/chi2_{label}_max"] = float(np.max(vals))
     if weights is not None:
         m["replay/truncated_fraction"] = weights.truncated_fraction
+        m["replay/m2_gated_fraction"] = weights.metrics["m2_gated_fraction"]
         m["replay/invalid_samples"] = weights.metrics["invalid_samples"]
         present = weights.tokens > 0
         for s, version in enumerate(weights.sources):

@@ -32,6 +32,17 @@ from .replay_step import batch_from_groups, groups_from_batch, loss_inputs, repl
 BUFFER_FILE = "darl_replay.pt"
 
 
+class _Rows:
+    """The recomputed rows of the selected groups: candidate index -> position in `batch` (n rows each)."""
+
+    def __init__(self, batch: DataProto, position: dict[int, int], n: int) -> None:
+        self.batch, self.position, self.n = batch, position, n
+
+    def select_groups(self, candidates: list[int]) -> DataProto:
+        return self.batch.select_idxs(np.concatenate(
+            [np.arange(self.position[i] * self.n, (self.position[i] + 1) * self.n) for i in candidates]))
+
+
 class DarlTrainer(OneStepOffRayTrainer):
     """One-step-off PPO/GRPO with D-ARL replay, selection and the multi-behavior loss."""
 
@@ -48,7 +59,8 @@ class DarlTrainer(OneStepOffRayTrainer):
         if self.replay.enable:
             actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
             self.actor_wg.set_loss_fn(partial(
-                darl_loss, config=actor_config, threshold=self._threshold(), stop_grad=self.replay.stop_grad
+                darl_loss, config=actor_config, threshold=self._threshold(), stop_grad=self.replay.stop_grad,
+                behavior_clip=self.replay.resolved("behavior_clip"),
             ))
 
     def _threshold(self) -> float:
@@ -79,26 +91,41 @@ class DarlTrainer(OneStepOffRayTrainer):
                                 "scores": [], "weights": None, "timing": timing}
             return super()._fit_compute_log_prob(batch)
 
-        if self.replay.rescore == "lazy":
-            merged, scores = self._score_lazily(cands, prompt_width, response_width, batch.meta_info, timing)
+        if self.replay.resolved("order") != "chi2":
+            # nothing to score: select first, then recompute pi_old of the selected groups only
+            t0 = time.perf_counter()
+            selection = self._select(cands.candidates, None, fresh=cands.fresh)
+            timing["select"] = time.perf_counter() - t0
+            picked = [cands.candidates[i] for i in selection.selected]
+            scores = [float("nan")] * len(cands.candidates)
+            if picked:
+                part = self._recompute(picked, prompt_width, response_width, batch.meta_info, timing)
+                for i, s in zip(selection.selected, self._score(picked, part, timing)):
+                    scores[i] = s
+                position = {i: j for j, i in enumerate(selection.selected)}
+                merged = _Rows(part, position, n)
+            else:  # no update this step; the later hooks still want old log-probs
+                merged = self._recompute(cands.candidates, prompt_width, response_width, batch.meta_info, timing)
         else:
-            merged = self._recompute(cands.candidates, prompt_width, response_width, batch.meta_info, timing)
-            scores = self._score(cands.candidates, merged, timing)
-
-        t0 = time.perf_counter()
-        selection = self._select(cands.candidates, scores)
-        timing["select"] = time.perf_counter() - t0
+            if self.replay.rescore == "lazy":
+                merged, scores = self._score_lazily(cands, prompt_width, response_width, batch.meta_info, timing)
+            else:
+                merged = self._recompute(cands.candidates, prompt_width, response_width, batch.meta_info, timing)
+                scores = self._score(cands.candidates, merged, timing)
+            t0 = time.perf_counter()
+            selection = self._select(cands.candidates, scores, fresh=cands.fresh)
+            timing["select"] = time.perf_counter() - t0
         state = {"cands": cands, "selection": selection, "scores": scores, "weights": None, "timing": timing}
         self._step_state = state
         if selection.skipped:
             print(f"[D-ARL] step {self.global_steps}: no update ({selection.reason})")
-            return self._use_rewards_of(merged)
+            return self._use_rewards_of(merged.batch if isinstance(merged, _Rows) else merged)
 
         # train in arrival order, so mini-batches mix scores instead of sorting them
         order = sorted(selection.selected, key=lambda i: cands.candidates[i].seq)
         selected = [cands.candidates[i] for i in order]
-        rows = np.concatenate([np.arange(i * n, (i + 1) * n) for i in order])
-        chosen = merged.select_idxs(rows)
+        chosen = merged.select_groups(order) if isinstance(merged, _Rows) else \
+            merged.select_idxs(np.concatenate([np.arange(i * n, (i + 1) * n) for i in order]))
         t0 = time.perf_counter()
         state["mini_batch_groups"] = min(len(selected), self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
         state["weights"] = loss_inputs(
@@ -110,23 +137,32 @@ class DarlTrainer(OneStepOffRayTrainer):
         state["selected_groups"] = selected
         return self._use_rewards_of(chosen)
 
-    def _select(self, groups: list[Group], scores: list[float]) -> Selection:
-        """Whole mini-batches of the lowest-score groups; fewer eligible than one mini-batch: one smaller
-        mini-batch, as small as the workers' split allows (dp shards, fixed micro-batches)."""
+    def _select(self, groups: list[Group], scores: Optional[list[float]], fresh: Optional[list[Group]] = None) -> Selection:
+        """Whole mini-batches in `replay.order` (fresh groups first with `replay.ratio`); fewer eligible than
+        one mini-batch: one smaller mini-batch, as small as the workers' split allows (dp shards, fixed
+        micro-batches). scores: chi2 group scores, needed only by order chi2."""
         n = self.config.actor_rollout_ref.rollout.n
         actor = self.config.actor_rollout_ref.actor
         dp = self._dp_size()
         per_step = dp if actor.get("use_dynamic_bsz", False) else dp * int(actor.ppo_micro_batch_size_per_gpu or 1)
         full = group_multiple(n, actor.ppo_mini_batch_size, dp)
         smallest = per_step // math.gcd(per_step, n)
+        order = self.replay.resolved("order")
+        ratio = self.replay.resolved("ratio")
+        budget = self.config.data.train_batch_size
+        fresh_ids = {id(g) for g in (fresh or [])}
         return select_groups(
-            budget=self.config.data.train_batch_size,
+            budget=budget,
             versions=torch.tensor([g.version for g in groups]),
             arrival=torch.tensor([g.seq for g in groups]),
-            scores=torch.tensor(scores, dtype=torch.float64) if self.replay.pmis else None,
+            scores=torch.tensor(scores, dtype=torch.float64) if order == "chi2" else None,
             max_score=self.replay.max_score,
             multiple=full,
             min_multiple=smallest if smallest <= full else None,
+            order=order,
+            reuse=torch.tensor([g.times_trained for g in groups]),
+            fresh=torch.tensor([id(g) in fresh_ids for g in groups]) if ratio is not None else None,
+            extra=int(round(ratio * budget)) if ratio is not None else None,
         )
 
     def _use_rewards_of(self, batch: DataProto) -> DataProto:
@@ -183,7 +219,8 @@ class DarlTrainer(OneStepOffRayTrainer):
         if fresh_batch is not None:
             self._score(cands.fresh, fresh_batch, timing)
         n = self.config.actor_rollout_ref.rollout.n
-        pre = self._select(cands.candidates, [g.score if g.score is not None else float("inf") for g in cands.candidates])
+        pre = self._select(cands.candidates, [g.score if g.score is not None else float("inf") for g in cands.candidates],
+                           fresh=cands.fresh)
         wanted = {id(cands.candidates[i]) for i in pre.selected}
         rescored = [g for g in stale if id(g) in wanted]
         parts = {}

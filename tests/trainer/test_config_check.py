@@ -78,3 +78,18 @@ def test_seed_plus_prefix_overrides_compose(compose_config):
     cfg = compose_config(*rewritten[:-1], "algorithm.rollout_correction.bypass_mode=false")
     assert cfg.replay.enable is True and cfg.replay.k == 4
     assert problems(cfg) == []
+
+
+def test_seed_rollout_is_alias_means_decoupled_unless_bypass_was_set(compose_config):
+    # the seed's verl computed rollout_is weights from old log-probs the trainer recomputed: decoupled mode
+    cfg = compose_config("algorithm.rollout_is=true", "algorithm.rollout_is_threshold=2.0")
+    assert problems(cfg) == []
+    assert cfg.algorithm.rollout_correction.bypass_mode is False
+    assert cfg.algorithm.rollout_correction.rollout_is == "token"
+    # nothing asked: one-step-off's default, bypass
+    plain = compose_config()
+    assert problems(plain) == [] and plain.algorithm.rollout_correction.bypass_mode is True
+    # explicitly false agrees; explicitly true contradicts the alias
+    assert problems(compose_config("algorithm.rollout_is=true", "algorithm.rollout_correction.bypass_mode=false")) == []
+    found = problems(compose_config("algorithm.rollout_is=true", "algorithm.rollout_correction.bypass_mode=true"))
+    assert any("algorithm.rollout_is=true" in p and "bypass_mode=true" in p for p in found)

@@ -78,13 +78,18 @@ def run_step(trainer: DarlTrainer, batch: DataProto, save: bool = False) -> Data
     return batch
 
 
+# the first design (chi2 selection, fixed budget, no gate): the hand-computed cases below were made for it
+FIRST_DESIGN = ("replay.order=chi2", "replay.ratio=false", "replay.m2_budget=false", "replay.behavior_clip=false",
+                "replay.max_reuse=false")
+
+
 @pytest.fixture
 def replay_cfg(compose_config):
-    def _cfg(*extra):
+    def _cfg(*extra, design=FIRST_DESIGN):
         cfg = compose_config(
             "replay.enable=true", "replay.k=4", "replay.warmup=0", "algorithm.rollout_correction.bypass_mode=false",
             "algorithm.rollout_is=true", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1", *extra,
+            "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1", *design, *extra,
         )
         validate_or_raise(cfg)
         return cfg
@@ -219,3 +224,48 @@ def test_fewer_groups_than_a_mini_batch_train_as_one_smaller_mini_batch(replay_c
     assert len(trainer.trained) == 1 and len(trainer.trained[0]) == 2
     assert seen == [1] and trainer.config.actor_rollout_ref.actor.ppo_mini_batch_size == 2
     assert trainer.trained[0].batch["darl_token_coef"].sum().item() == pytest.approx(1.0)
+
+
+def test_preset_keeps_fresh_groups_adds_least_reused_and_recomputes_only_what_it_trains(replay_cfg, batch_maker):
+    step1 = batch_maker(versions=[0, 0, 0], rewards=[[1, 0], [0, 1], [1, 0]], seed=6)
+    a, b, c = uids(step1)
+    step2 = batch_maker(versions=[1, 1], rewards=[[1, 0], [0, 1]], seed=7)
+    d, e = uids(step2)
+    step3 = batch_maker(versions=[2, 2], rewards=[[1, 0], [0, 1]], seed=8)
+    f, g = uids(step3)
+    deltas = {u: 0.0 for u in (a, b, c, d, e, f, g)}
+    # the preset with ratio 1: every fresh group plus up to B = 2 replayed groups, mini-batches of 2 groups
+    trainer = make_trainer(replay_cfg("replay.ratio=1.0", design=()), deltas)
+    assert trainer.replay.resolved("order") == "least_reused" and trainer.buffer.max_reuse == 2
+    calls = []
+    inner = trainer._compute_old_log_prob
+    trainer._compute_old_log_prob = lambda batch: (calls.append(list(dict.fromkeys(batch.non_tensor_batch["uid"]))),
+                                                   inner(batch))[1]
+    run_step(trainer, step1)
+    # 3 fresh groups: rounding down drops one (no replayed group to round up with); only they are recomputed
+    assert uids(trainer.trained[-1]) == [a, b] and calls == [[a, b]]
+    run_step(trainer, step2)
+    # fresh d, e, then the 2 least reused: c (0), then a before b (same reuse and version, earlier arrival)
+    assert calls[-1] == [d, e, c, a] and uids(trainer.trained[-1]) == [a, c, d, e]
+    assert trainer.metrics["replay/candidates"] == 5 and trainer.metrics["replay/selected"] == 4
+    # a was trained twice (max_reuse 2): evicted
+    assert {grp.uid for grp in trainer.buffer.groups} == {b, c, d, e}
+    run_step(trainer, step3)
+    # b, c, d, e were each trained once: the newer version wins the tie
+    assert uids(trainer.trained[-1]) == [d, e, f, g]
+    assert trainer.metrics["replay/m2_gated_fraction"] == 0.0  # pi_old = mu: nothing to gate (R5)
+
+
+def test_preset_m2_gate_masks_the_drifted_tokens(replay_cfg, batch_maker):
+    batch = batch_maker(versions=[0, 0], rewards=[[1, 0], [0, 1]], seed=9)
+    a, b = uids(batch)
+    trainer = make_trainer(replay_cfg(design=()), {a: 0.0, b: 1.0})  # log w = 1 on every token of b
+    run_step(trainer, batch)
+    trained = trainer.trained[-1]
+    coef = trained.batch["darl_token_coef"]
+    mask = trained.batch["response_mask"].bool()
+    # (log w)^2 = 1 on b's tokens and 0 on a's: the budget 0.04 holds only once every b token is masked
+    assert (coef[2:][mask[2:]] == 0).all() and (coef[:2][mask[:2]] > 0).all()
+    assert coef.sum().item() == pytest.approx(1.0)
+    share = mask[2:].sum().item() / mask.sum().item()
+    assert trainer.metrics["replay/m2_gated_fraction"] == pytest.approx(share)

@@ -8,7 +8,7 @@ from .config import ReplayConfig
 from .loss import darl_policy_loss
 from .scoring import finite_samples, group_scores, sample_chi2
 from .selection import Selection, group_multiple, select_groups
-from .weights import BatchWeights, batch_weights, behavior_log_denominator, clip_ranges, truncated_log_rho
+from .weights import BatchWeights, batch_weights, behavior_log_denominator, clip_ranges, m2_gate, truncated_log_rho
 
 __all__ = [
     "BatchWeights",
@@ -26,6 +26,7 @@ __all__ = [
     "gather_recorded",
     "group_multiple",
     "group_scores",
+    "m2_gate",
     "sample_chi2",
     "select_groups",
     "truncated_log_rho",

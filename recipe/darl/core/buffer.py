@@ -160,7 +160,7 @@ class ReplayBuffer:
 
     @classmethod
     def from_config(cls, config: ReplayConfig) -> "ReplayBuffer":
-        return cls(config.k, config.warmup, config.filter_zero_adv, config.max_reuse, config.max_groups)
+        return cls(config.k, config.warmup, config.filter_zero_adv, config.resolved("max_reuse"), config.max_groups)
 
     def __len__(self) -> int:
         return len(self.groups)

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Optional
 
 BehaviorWeight = Literal["own", "pmis"]
 SourceWeight = Literal["ess", "tokens"]
 Rescore = Literal["all", "lazy"]
+Order = Literal["chi2", "newest", "least_reused"]
+
+# What `pmis: true` resolves the keys left null to: the second design (docs/algorithm.md). False turns a
+# numeric control off; `pmis: false` resolves them to the uniform-replay ablation (newest first, no controls).
+PRESET = {"order": "least_reused", "ratio": 0.5, "m2_budget": 0.04, "behavior_clip": 0.2, "max_reuse": 2}
+UNIFORM = {"order": "newest", "ratio": False, "m2_budget": False, "behavior_clip": False, "max_reuse": False}
+FIRST_DESIGN = {"order": "chi2", "ratio": False, "m2_budget": False, "behavior_clip": False, "max_reuse": False}
 
 
 @dataclass
@@ -21,13 +29,17 @@ class ReplayConfig:
     warmup: int = 5
     max_score: Optional[float] = None
     filter_zero_adv: bool = True
-    max_reuse: Optional[int] = None
+    max_reuse: Optional[int | bool] = None
     max_groups: Optional[int] = None
     behavior_weight: Optional[BehaviorWeight] = None
     source_weight: Optional[SourceWeight] = None
     clip_decay: float = 1.0
     stop_grad: bool = True
     rescore: Rescore = "all"
+    order: Optional[Order] = None
+    ratio: Optional[float | bool] = None
+    m2_budget: Optional[float | bool] = None
+    behavior_clip: Optional[float | bool] = None
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -69,12 +81,21 @@ class ReplayConfig:
         if self.max_score is not None:
             if not _is_number(self.max_score) or not self.max_score > 0:
                 out.append(f"replay.max_score must be null or > 0, got {self.max_score!r}")
-            elif self.pmis is False:
-                out.append("replay.max_score needs replay.pmis=true: with pmis=false nothing is scored")
-        for name in ("max_reuse", "max_groups"):
+            elif self.resolved("order") != "chi2":
+                out.append("replay.max_score needs replay.order=chi2: it thresholds the chi2 score, "
+                           f"and the order resolves to {self.resolved('order')!r}")
+        if self.max_groups is not None and (not _is_int(self.max_groups) or self.max_groups < 1):
+            out.append(f"replay.max_groups must be null or an integer >= 1, got {self.max_groups!r}")
+        if not (self.max_reuse is None or self.max_reuse is False) and (not _is_int(self.max_reuse) or self.max_reuse < 1):
+            out.append(f"replay.max_reuse must be null, false or an integer >= 1, got {self.max_reuse!r}")
+        if self.order not in (None, "chi2", "newest", "least_reused"):
+            out.append(f"replay.order must be null, 'chi2', 'newest' or 'least_reused', got {self.order!r}")
+        for name, low, high in (("ratio", 0.0, math.inf), ("m2_budget", 0.0, math.inf), ("behavior_clip", 0.0, 1.0)):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                out.append(f"replay.{name} must be null or an integer >= 1, got {value!r}")
+            if value is None or value is False:
+                continue
+            if not _is_number(value) or not low < value < high:
+                out.append(f"replay.{name} must be null, false or a number in ({low:g}, {high:g}), got {value!r}")
         if self.behavior_weight not in (None, "own", "pmis"):
             out.append(f"replay.behavior_weight must be null, 'own' or 'pmis', got {self.behavior_weight!r}")
         if self.source_weight not in (None, "ess", "tokens"):
@@ -93,6 +114,14 @@ class ReplayConfig:
                 f"data.train_batch_size={train_batch_size}: the buffer could never hold a full batch"
             ]
         return []
+
+    def resolved(self, name: str) -> Any:
+        """`order`, `ratio`, `m2_budget`, `behavior_clip` or `max_reuse`: the value set, or the preset's
+        (`pmis: true`) or uniform replay's (`pmis: false`) when null. False (off) is returned as None."""
+        value = getattr(self, name)
+        if value is None:
+            value = (PRESET if self.pmis else UNIFORM)[name]
+        return None if value is False else value
 
     @property
     def resolved_behavior_weight(self) -> BehaviorWeight:

@@ -8,6 +8,7 @@ any cut of the mini-batch into micro-batches gives the same value and gradient.
 
 from __future__ import annotations
 
+import math
 from typing import Union
 
 import torch
@@ -30,6 +31,7 @@ def darl_policy_loss(
     threshold: float,
     clip_ratio_c: float = 3.0,
     stop_grad: bool = True,
+    behavior_clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Scalar loss of one micro-batch and detached per-token statistics.
 
@@ -38,6 +40,11 @@ def darl_policy_loss(
     log_target is log pi_old (stop_grad, a constant) or log pi_theta (stop_grad=False: the gradient
     flows through rho). Tokens with coefficient 0 (padding, invalid samples) contribute nothing, and
     their inputs are replaced before any arithmetic so a NaN there cannot reach the gradient.
+
+    behavior_clip eps_b: a second trust region, around the behavior policy (naive async's clip): a
+    token whose q = pi_theta / denominator already left [1 - eps_b, 1 + eps_b] in the direction its
+    advantage pushes (A > 0 and q > 1 + eps_b, or A < 0 and q < 1 - eps_b) contributes its loss value
+    but no gradient.
     """
     if not clip_ratio_c > 1.0:
         raise ValueError(f"darl_policy_loss: clip_ratio_c must be > 1, got {clip_ratio_c}")
@@ -63,6 +70,15 @@ def darl_policy_loss(
     pg = torch.maximum(unclipped, clipped)
     pg = torch.where(adv < 0, torch.minimum(-adv * clip_ratio_c, pg), pg)
 
+    behavior_clipped = torch.zeros_like(keep)
+    if behavior_clip is not None:
+        if not 0.0 < behavior_clip < 1.0:
+            raise ValueError(f"darl_policy_loss: behavior_clip must be in (0, 1), got {behavior_clip}")
+        log_q = (safe_lp - denom).detach()
+        behavior_clipped = keep & (((adv > 0) & (log_q > math.log1p(behavior_clip)))
+                                   | ((adv < 0) & (log_q < math.log1p(-behavior_clip))))
+        pg = torch.where(behavior_clipped, pg.detach(), pg)
+
     log_target = old if stop_grad else safe_lp
     rho_bar = truncated_log_rho(log_target, denom, threshold).exp()
     if stop_grad:
@@ -74,6 +90,7 @@ def darl_policy_loss(
         "rho_bar": rho_bar.detach(),
         "neg_approx_kl": log_ratio.detach(),
         "keep": keep,
+        "behavior_clipped": behavior_clipped,
     }
     return loss, stats
 

@@ -42,8 +42,19 @@ def select_groups(
     max_score: Optional[float] = None,
     multiple: int = 1,
     min_multiple: Optional[int] = None,
+    order: Optional[str] = None,
+    reuse: Optional[torch.Tensor] = None,
+    fresh: Optional[torch.Tensor] = None,
+    extra: Optional[int] = None,
 ) -> Selection:
     """Fills the group budget.
+
+    order: "chi2" (needs scores), "newest", or "least_reused" (needs reuse: [G] times trained; ties:
+    newer version, then arrival). None: "chi2" when scores are given, else "newest" (the first design).
+    Additive composition (`extra` not None, needs fresh: [G] bool): every fresh group first, then up to
+    `extra` non-fresh groups in `order`; the total rounds down to `multiple`, or up with more replayed
+    groups when rounding down would drop a fresh one and enough replayed groups exist. Without `extra`
+    (fixed budget) all candidates compete for `budget` in `order`.
 
     versions, arrival: [G] ints (behavior version, arrival order); scores: [G] chi2 group scores.
     With scores: eligible = finite score <= max_score (any finite one when max_score is None), filled by
@@ -64,21 +75,48 @@ def select_groups(
     if arrival.shape != (num,) or (scores is not None and scores.shape != (num,)):
         raise ValueError("select_groups: versions, arrival and scores must all be [G]")
 
+    if order is None:
+        order = "newest" if scores is None else "chi2"
+    if order not in ("chi2", "newest", "least_reused"):
+        raise ValueError(f"select_groups: order must be 'chi2', 'newest' or 'least_reused', got {order!r}")
+    if order == "chi2" and scores is None:
+        raise ValueError("select_groups: order 'chi2' needs scores")
+    if order == "least_reused" and (reuse is None or reuse.shape != (num,)):
+        raise ValueError("select_groups: order 'least_reused' needs reuse: [G]")
+    if max_score is not None and order != "chi2":
+        raise ValueError("select_groups: max_score needs order 'chi2' (scores)")
+    if extra is not None and (extra < 0 or fresh is None or fresh.shape != (num,)):
+        raise ValueError("select_groups: additive composition needs extra >= 0 and fresh: [G] bool")
+
     keys_v = versions.tolist()
     keys_a = arrival.tolist()
-    if scores is None:
-        if max_score is not None:
-            raise ValueError("select_groups: max_score needs scores (pmis=true)")
-        order = sorted(range(num), key=lambda i: (-keys_v[i], keys_a[i]))
+    if order == "newest":
+        ranked = sorted(range(num), key=lambda i: (-keys_v[i], keys_a[i]))
+    elif order == "least_reused":
+        keys_r = reuse.tolist()
+        ranked = sorted(range(num), key=lambda i: (keys_r[i], -keys_v[i], keys_a[i]))
     else:
         keys_s = scores.tolist()
         limit = math.inf if max_score is None else max_score
-        order = sorted((i for i in range(num) if math.isfinite(keys_s[i]) and keys_s[i] <= limit), key=lambda i: (keys_s[i], -keys_v[i], keys_a[i]))
+        ranked = sorted((i for i in range(num) if math.isfinite(keys_s[i]) and keys_s[i] <= limit),
+                        key=lambda i: (keys_s[i], -keys_v[i], keys_a[i]))
     cap = (budget // multiple) * multiple
-    take = (min(cap, len(order)) // multiple) * multiple
+    small = cap  # what a smaller-than-one-mini-batch step may take
+    if extra is not None:
+        is_fresh = fresh.bool().tolist()
+        new = sorted((i for i in range(num) if is_fresh[i]), key=lambda i: keys_a[i])
+        replay = [i for i in ranked if not is_fresh[i]]
+        wanted = len(new) + min(extra, len(replay))
+        cap = (wanted // multiple) * multiple
+        up = -(-len(new) // multiple) * multiple
+        if cap < len(new) and len(new) + len(replay) >= up:
+            cap = up
+        ranked = new + replay
+        small = wanted
+    take = (min(cap, len(ranked)) // multiple) * multiple
     if take == 0 and min_multiple is not None:
-        take = (min(cap, len(order)) // min_multiple) * min_multiple
+        take = (min(small, len(ranked)) // min_multiple) * min_multiple
     if take == 0:
-        reason = f"{len(order)} eligible group(s), the workers need a multiple of {min_multiple or multiple}"
-        return Selection([], len(order), cap, True, reason)
-    return Selection(order[:take], len(order), cap, False)
+        reason = f"{len(ranked)} eligible group(s), the workers need a multiple of {min_multiple or multiple}"
+        return Selection([], len(ranked), cap, True, reason)
+    return Selection(ranked[:take], len(ranked), cap, False)

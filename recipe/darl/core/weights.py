@@ -75,6 +75,25 @@ def behavior_log_denominator(
     return log_num - log_norm
 
 
+def m2_gate(log_w: torch.Tensor, keep: torch.Tensor, budget: float) -> torch.Tensor:
+    """[B, L] bool: the fewest tokens, largest (log w)^2 first, whose removal brings the mean of (log w)^2
+    over the remaining `keep` tokens to <= budget. log_w: [B, L] log pi_old - log denominator."""
+    if not budget > 0:
+        raise ValueError(f"m2_gate: budget (replay.m2_budget) must be > 0, got {budget}")
+    m2 = torch.where(keep, log_w.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).double().square(), 0.0).flatten()
+    idx = keep.flatten().nonzero().squeeze(-1)
+    values, order = m2[idx].sort(descending=True)
+    count = values.numel()
+    # mean of the rest after removing the j largest, j = 0..count-1
+    rest = values.sum() - torch.cat([values.new_zeros(1), values.cumsum(0)[:-1]])
+    mean_rest = rest / torch.arange(count, 0, -1, dtype=torch.float64)
+    ok = (mean_rest <= budget).nonzero()
+    drop = int(ok[0]) if ok.numel() else count
+    out = torch.zeros(keep.numel(), dtype=torch.bool)
+    out[idx[order[:drop]]] = True
+    return out.view(keep.shape)
+
+
 def clip_ranges(
     versions: torch.Tensor, step: int, clip_low: float, clip_high: float, clip_decay: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,12 +112,15 @@ def batch_weights(
     threshold: float,
     recorded: Optional[RecordedLogProbs] = None,
     minibatch_index: Optional[torch.Tensor] = None,
+    m2_budget: Optional[float] = None,
 ) -> BatchWeights:
     """The loss's per-token constants for a selected batch.
 
     response_mask, old_log_probs (log pi_old), rollout_log_probs (log mu_v): [B, L]; versions: [B];
     minibatch_index: [B] mini-batch of each sample (None: one mini-batch). Samples with a NaN or
     infinite log-prob at a response token get coefficient 0 and are counted, never propagated.
+    m2_budget: the second-moment gate (M2PO's idea): the tokens with the largest (log pi_old - log
+    denominator)^2 get coefficient 0, largest first, until the mean over the rest is <= m2_budget.
     """
     shape = tuple(response_mask.shape)
     for name, t in (("old_log_probs", old_log_probs), ("rollout_log_probs", rollout_log_probs)):
@@ -128,6 +150,10 @@ def batch_weights(
         rec = {j: (k.bool() & valid, torch.where(keep, lp, 0.0)) for j, (k, lp) in recorded.items()}
     log_denominator = behavior_log_denominator(versions, rollout, rec, behavior_weight)
     log_denominator = torch.where(keep, log_denominator, old)
+    gated = torch.zeros_like(keep)
+    if m2_budget is not None:
+        gated = m2_gate(old - log_denominator, keep, m2_budget)
+        keep = keep & ~gated
     log_rho = truncated_log_rho(old, log_denominator, threshold)
     rho = torch.where(keep, log_rho.exp(), 0.0)
     truncated = ((old - log_denominator > math.log(threshold)) & keep).sum()
@@ -167,5 +193,6 @@ def batch_weights(
         ess=ess.float(),
         tokens=tokens.float(),
         truncated_fraction=float(truncated) / max(valid_tokens, 1),
-        metrics={"invalid_samples": float((~valid).sum()), "valid_tokens": float(valid_tokens)},
+        metrics={"invalid_samples": float((~valid).sum()), "valid_tokens": float(valid_tokens),
+                 "m2_gated_fraction": float(gated.sum()) / max(valid_tokens + int(gated.sum()), 1)},
     )
