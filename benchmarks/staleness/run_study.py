@@ -96,7 +96,11 @@ def load_results(path: Path) -> list[dict[str, Any]]:
         text = gzip.decompress(packed.read_bytes()).decode()
     else:
         return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    runs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    for r in runs:
+        if "order" not in r["config"]:  # a run of the first study, made before the second design's keys
+            r["method_name"] = V1_NAMES.get(r["method_name"], r["method_name"])
+    return runs
 
 
 # ---- report ---------------------------------------------------------------------------------
@@ -146,19 +150,19 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
         by_cell.setdefault((r["staleness"], r["method_name"]), []).append(r)
     stalenesses = sorted({s for s, _ in by_cell})
     methods = [m for m in METHODS if any(m == k for _, k in by_cell)]
-    accuracy = ["| s | method | seeds | start acc | final acc | best acc | samples to naive's final | step s |",
+    accuracy = ["| s | method | seeds | start acc | final acc | best acc | samples to decoupled's final | step s |",
                 "|---|---|---|---|---|---|---|---|"]
     stability = ["| s | method | grad norm | clip frac | chi2 trained | ESS frac | trained staleness | reuse | pmis mixed | collapses |",
                  "|---|---|---|---|---|---|---|---|---|---|"]
     for s in stalenesses:
-        naive_final = {r["seed"]: r["final_accuracy"] for r in by_cell.get((s, "naive"), [])}
+        ref_final = {r["seed"]: r["final_accuracy"] for r in by_cell.get((s, "decoupled"), [])}
         for m in methods:
             runs = by_cell.get((s, m), [])
             if not runs:
                 continue
             reach = []
             for r in runs:
-                target = naive_final.get(r["seed"])
+                target = ref_final.get(r["seed"])
                 reach.append(None if target is None else samples_to_reach(r["evals"], target))
             reached = [x for x in reach if x is not None]
             reach_txt = (_mean_std(reached) + (f" ({len(reached)}/{len(reach)})" if len(reached) < len(reach) else "")) if reached else "not reached"
@@ -183,7 +187,7 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
     return table
 
 
-MAIN_METHODS = ("naive", "decoupled", "darl")
+MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "darl")
 
 
 def _curve(runs: list[dict[str, Any]], axis: str):
@@ -221,7 +225,7 @@ def _plots(by_cell, stalenesses, methods, out: Path) -> None:
 
     def curves(ax, s, names, axis):
         for m in names:
-            runs = by_cell.get((s, m), [])
+            runs = by_cell.get((cell_staleness(m, s) if m in METHODS else s, m), [])
             if runs:
                 x, mean, std = _curve(runs, axis)
                 (line,) = ax.plot(x, mean, label=f"{m} (n={len(runs)})")
@@ -230,16 +234,16 @@ def _plots(by_cell, stalenesses, methods, out: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
 
-    for s in stalenesses:
+    for s in [s for s in stalenesses if s > 0]:  # sync (s = 0) is drawn in every staleness's figure
         for axis in ("samples", "wall"):
             fig, ax = plt.subplots(figsize=(6, 4))
-            curves(ax, s, [m for m in methods if m in MAIN_METHODS], axis)
+            curves(ax, s, [m for m in MAIN_METHODS if m in methods], axis)
             ax.set_xlabel("generated samples" if axis == "samples" else "wall time, generation + training (s)")
             ax.set_title(f"staleness s = {s} (mean ± std over seeds)")
             fig.tight_layout()
             fig.savefig(out / f"accuracy_vs_{axis}_s{s}.png", dpi=110)
             plt.close(fig)
-        ablations = [m for m in methods if m not in ("naive", "decoupled") and (s, m) in by_cell]
+        ablations = [m for m in methods if m not in ("naive", "decoupled", "sync", "equal_update") and (s, m) in by_cell]
         if len(ablations) < 2:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -268,6 +272,10 @@ def _plots(by_cell, stalenesses, methods, out: Path) -> None:
         plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    if (0, "sync") in by_cell:
+        ax.axhline(np.mean([r["final_accuracy"] for r in by_cell[(0, "sync")]]), color="black", ls="--", lw=1,
+                   label="sync (s = 0)")
+    stalenesses = [s for s in stalenesses if s > 0]
     for m in MAIN_METHODS:
         pts = [(s, [r["final_accuracy"] for r in by_cell[(s, m)]]) for s in stalenesses if (s, m) in by_cell]
         if pts:
