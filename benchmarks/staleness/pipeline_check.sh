@@ -1,25 +1,42 @@
 #!/usr/bin/env bash
-# The confirmation point of docs/evidence.md: the three seed configurations through the verl pipeline
-# on CPU (one-step-off, s = 1, the same task and model as the harness), one seed each.
-#   bash benchmarks/staleness/pipeline_check.sh [OUT]      (default runs/pipeline; about 25 min on 2 cores)
+# The confirmation point of docs/evidence.md: the three CPU seed scripts through the verl pipeline
+# (one-step-off, s = 1, the same task and model as the harness), for each seed in SEEDS.
+#   bash benchmarks/staleness/pipeline_check.sh [OUT]      (default runs/pipeline; about 15 min per seed on 2 cores)
+#   SEEDS="0 1 2" STEPS=20 bash benchmarks/staleness/pipeline_check.sh runs/pipeline
+# A seed sets the rollout sampler (actor_rollout_ref.rollout.seed) and the data order (data.seed).
 set -euo pipefail
 OUT="$(realpath -m "${1:-runs/pipeline}")"
 mkdir -p "$OUT"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-for cfg in async decoupled pmis_sg; do
-    name="one_step_off_grpo_tiny_arith_cpu_replay_4_${cfg}"
-    OUT_DIR="$OUT/$cfg" STEPS="${STEPS:-30}" TEST_FREQ=10 SAVE_FREQ=1000 RESUME_MODE=disable \
-        bash "$ROOT/shells/cpu/$name.sh" > "$OUT/$cfg.log" 2>&1 || { echo "$cfg failed: $OUT/$cfg.log"; exit 1; }
-    echo "$cfg done: $OUT/$cfg/metrics.jsonl"
+SEEDS="${SEEDS:-0}"
+for seed in $SEEDS; do
+    for cfg in async decoupled pmis_sg; do
+        name="one_step_off_grpo_tiny_arith_cpu_replay_4_${cfg}"
+        [ -s "$OUT/seed$seed/$cfg/metrics.jsonl" ] && grep -q '"step": '"${STEPS:-30}"'' "$OUT/seed$seed/$cfg/metrics.jsonl" && continue
+        mkdir -p "$OUT/seed$seed"
+        OUT_DIR="$OUT/seed$seed/$cfg" STEPS="${STEPS:-30}" TEST_FREQ=10 SAVE_FREQ=1000 RESUME_MODE=disable \
+            bash "$ROOT/shells/cpu/$name.sh" actor_rollout_ref.rollout.seed=$((42 + seed)) data.seed=$seed \
+            > "$OUT/seed$seed/$cfg.log" 2>&1 || { echo "$cfg seed $seed failed: $OUT/seed$seed/$cfg.log"; exit 1; }
+        echo "$cfg seed $seed done: $OUT/seed$seed/$cfg/metrics.jsonl"
+    done
 done
-PYTHONPATH="$ROOT" "${PYTHON:-$ROOT/.venv/bin/python}" - "$OUT" <<'PY'
+PYTHONPATH="$ROOT" "${PYTHON:-$ROOT/.venv/bin/python}" - "$OUT" $SEEDS <<'PY'
+import statistics
 import sys
 from pathlib import Path
 from recipe.darl.demo import VAL_KEY
 from recipe.darl.plot import read_log
-out = Path(sys.argv[1])
-print("| config | greedy val accuracy at step |\n|---|---|")
+out, seeds = Path(sys.argv[1]), sys.argv[2:]
+print("| config | seed | greedy val accuracy at step |\n|---|---|---|")
+finals = {}
 for cfg in ("async", "decoupled", "pmis_sg"):
-    accs = read_log(out / cfg / "metrics.jsonl").get(VAL_KEY, [])
-    print(f"| {cfg} | " + ", ".join(f"{s}: {a:.3f}" for s, a in accs) + " |")
+    for seed in seeds:
+        accs = read_log(out / f"seed{seed}" / cfg / "metrics.jsonl").get(VAL_KEY, [])
+        if accs:
+            finals.setdefault(cfg, []).append(accs[-1][1])
+        print(f"| {cfg} | {seed} | " + ", ".join(f"{s}: {a:.3f}" for s, a in accs) + " |")
+print("\n| config | final, mean ± std over seeds |\n|---|---|")
+for cfg, vals in finals.items():
+    std = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    print(f"| {cfg} | {statistics.mean(vals):.3f} ± {std:.3f} (n={len(vals)}) |")
 PY

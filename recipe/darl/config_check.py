@@ -6,6 +6,8 @@ Also maps the seed's verl-0.6 aliases `algorithm.rollout_is` (bool) and
 
 from __future__ import annotations
 
+import math
+
 import os
 from typing import Any
 
@@ -104,6 +106,8 @@ def check_config(cfg: DictConfig) -> list[str]:
         problems.append("algorithm.rollout_correction.bypass_mode=true with rollout_is/rollout_rs/loss_type set: verl 0.9.1 "
                         "binds the worker's loss at init and would silently ignore them; use bypass_mode=false (decoupled)")
 
+    if "async_training" in cfg:
+        problems += fully_async_findings(cfg)[0]
     problems += _batch_problems(cfg, replay_values if enabled else None)
     problems += _path_problems(cfg)
     return problems
@@ -117,11 +121,54 @@ def validate_or_raise(cfg: DictConfig) -> None:
         raise ConfigError("the D-ARL config has {} problem(s):\n  - {}".format(len(problems), "\n  - ".join(problems)))
 
 
+def step_budget(cfg: DictConfig) -> int:
+    """B, the groups a step trains on without replay: `data.train_batch_size` (one-step-off) or, in the
+    fully-async trainer, `ppo_mini_batch_size * async_training.require_batches` prompts from the queue."""
+    if "async_training" in cfg:
+        return int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * int(cfg.async_training.require_batches)
+    return int(cfg.data.train_batch_size)
+
+
+def fully_async_findings(cfg: DictConfig) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the fully-async keys with replay on. The rollouter may run ahead of the
+    trainer by (1 + staleness_threshold) syncs' worth of samples, so a trained sample can be up to
+    S = 1 + ceil(staleness_threshold) versions old (more when a partial rollout spans syncs)."""
+    at = cfg.async_training
+    problems, warnings = [], []
+    threshold, trigger = float(at.staleness_threshold), int(at.trigger_parameter_sync_step)
+    if threshold < 0:
+        problems.append(f"async_training.staleness_threshold must be >= 0, got {threshold}")
+    if trigger < 1 or int(at.require_batches) < 1:
+        problems.append("async_training.trigger_parameter_sync_step and require_batches must be >= 1, got "
+                        f"{trigger} and {at.require_batches}")
+    if int(cfg.data.get("train_batch_size") or 0) != 0:
+        problems.append(f"data.train_batch_size must be 0 in the fully-async trainer (it reads "
+                        f"ppo_mini_batch_size * require_batches prompts per step), got {cfg.data.train_batch_size}")
+    replay = cfg.get("replay") or {}
+    if not replay.get("enable", False) or problems:
+        return problems, warnings
+    k = int(replay.get("k", 4))
+    reach = 1 + math.ceil(threshold)
+    if k < reach + 1:
+        warnings.append(f"replay.k={k} keeps fewer versions than the fresh samples can span: with "
+                        f"async_training.staleness_threshold={threshold:g} a sample can be {reach} versions old, so the "
+                        f"window needs k >= {reach + 1} to hold a fresh sample's version and replay anything older")
+    total = cfg.rollout.get("total_rollout_steps")
+    budget = step_budget(cfg)
+    if total is not None and budget > 0:
+        steps = int(total) // (budget * trigger)  # verl's total_train_steps, counted in syncs
+        warmup = int(replay.get("warmup", 5))
+        if k > 1 and warmup >= steps * trigger:
+            problems.append(f"replay.warmup={warmup} steps is not shorter than the run ({steps * trigger} trainer steps "
+                            f"from rollout.total_rollout_steps={total}): the buffer would never be replayed")
+    return problems, warnings
+
+
 def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
     problems = []
     arr = cfg.actor_rollout_ref
     n = int(arr.rollout.n)
-    budget = int(cfg.data.train_batch_size)
+    budget = step_budget(cfg)
     mini = int(arr.actor.ppo_mini_batch_size)
     sp = int(arr.actor.get("ulysses_sequence_parallel_size", 1) or 1)
     dp = max(1, int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes) // sp)
@@ -140,10 +187,11 @@ def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
         multiple = group_multiple(n, mini, dp)
         if multiple > budget:
             problems.append(f"the selection must take a multiple of {multiple} groups (mini-batch {mini}, n {n}, dp {dp}) "
-                            f"but data.train_batch_size={budget} is smaller")
+                            f"but the step's budget of {budget} groups is smaller")
         max_groups = replay_values.get("max_groups")
         if isinstance(max_groups, int) and not isinstance(max_groups, bool) and max_groups < budget:
-            problems.append(f"replay.max_groups={max_groups} is below the batch budget data.train_batch_size={budget}")
+            problems.append(f"replay.max_groups={max_groups} is below the batch budget of {budget} groups a step "
+                            "trains on: the buffer could never hold a full batch")
     return problems
 
 

@@ -26,7 +26,7 @@ def paths(tmp_path: Path) -> dict[str, str]:
 def compose_config(paths):
     """compose(*overrides) -> the composed config, with paths that exist and a valid replay setup."""
 
-    def _compose(*overrides: str, valid_base: bool = True):
+    def _compose(*overrides: str, valid_base: bool = True, config_name: str = "darl_trainer"):
         base = [
             "actor_rollout_ref.rollout.name=vllm",
             f"actor_rollout_ref.model.path={paths['model']}",
@@ -35,7 +35,7 @@ def compose_config(paths):
             f"trainer.default_local_dir={paths['ckpt']}",
         ] if valid_base else []
         with initialize_config_module(config_module="recipe.darl.config", version_base=None):
-            return compose(config_name="darl_trainer", overrides=base + list(overrides))
+            return compose(config_name=config_name, overrides=base + list(overrides))
 
     return _compose
 

@@ -1,0 +1,126 @@
+"""The fully-async D-ARL trainer without Ray: its config against the installed verl's fully-async yaml,
+the checks of the fully-async keys, and the shared replay step on `FullyAsyncTrainer`'s hooks (versions
+are parameter versions, the budget is ppo_mini_batch_size * require_batches, the buffer survives
+verl's own `load_checkpoint`). The whole pipeline on CPU is not tested yet (docs/trainer.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from importlib import resources
+
+import pytest
+from omegaconf import OmegaConf
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from recipe.darl.config_check import apply_seed_aliases, check_config, fully_async_findings, validate_or_raise
+from recipe.darl.core import ReplayBuffer, ReplayConfig
+from recipe.darl.trainer_fully_async import DarlFullyAsyncTrainer, DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase
+
+from test_trainer_hooks import make_trainer, run_step, uids
+
+FULLY_ASYNC = "darl_fully_async_trainer"
+
+
+def _leaves(node, prefix=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    else:
+        yield prefix[:-1], node
+
+
+def test_config_restates_verls_fully_async_yaml(compose_config):
+    verl_yaml = resources.files("verl.experimental.fully_async_policy") / "config" / "fully_async_ppo_trainer.yaml"
+    theirs = OmegaConf.to_container(OmegaConf.load(str(verl_yaml)))
+    theirs.pop("hydra"), theirs.pop("defaults")
+    cfg = compose_config(config_name=FULLY_ASYNC)
+    assert apply_seed_aliases(cfg) == []  # bypass_mode null -> verl's default
+    ours = OmegaConf.to_container(cfg, resolve=True)
+    for key, value in _leaves(theirs):
+        node = ours
+        for part in key.split("."):
+            node = node[part]
+        assert node == value, f"{key}: ours {node!r}, verl's fully_async_ppo_trainer.yaml {value!r}"
+    assert ours["replay"]["pmis"] is True and ours["data"]["train_batch_size"] == 0
+
+
+def _fa(compose_config, *overrides):
+    return compose_config("replay.enable=true", "algorithm.rollout_is=true", "actor_rollout_ref.rollout.n=2",
+                          "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.n_gpus_per_node=1",
+                          *overrides, config_name=FULLY_ASYNC)
+
+
+def test_fully_async_checks_name_the_keys_and_numbers(compose_config):
+    cfg = _fa(compose_config, "async_training.staleness_threshold=1.5", "replay.k=2")
+    assert apply_seed_aliases(cfg) + check_config(cfg) == []
+    assert cfg.algorithm.rollout_correction.bypass_mode is False  # the seed's alias: decoupled
+    warnings = fully_async_findings(cfg)[1]
+    assert len(warnings) == 1 and "replay.k=2" in warnings[0] and "3 versions old" in warnings[0] and "k >= 4" in warnings[0]
+    assert fully_async_findings(_fa(compose_config, "replay.k=4", "async_training.staleness_threshold=1.5"))[1] == []
+    # 100 rollout prompts / (2 per step * 4 per sync) = 12 syncs = 48 trainer steps: warmup 48 never replays
+    bad = _fa(compose_config, "replay.warmup=48")
+    apply_seed_aliases(bad)
+    assert any("replay.warmup=48" in p for p in check_config(bad))
+    wrong_batch = _fa(compose_config, "data.train_batch_size=4")
+    apply_seed_aliases(wrong_batch)
+    assert any("data.train_batch_size must be 0" in p for p in check_config(wrong_batch))
+    with pytest.raises(ValueError, match="bypass_mode=true"):
+        validate_or_raise(_fa(compose_config, "algorithm.rollout_correction.bypass_mode=true"))
+
+
+def test_the_ray_actor_wraps_the_replay_trainer():
+    assert issubclass(DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase)
+    assert DarlFullyAsyncTrainer.__ray_metadata__.modified_class.__ray_actor_class__ is DarlFullyAsyncTrainerImpl
+
+
+def make_fa_trainer(cfg, deltas: dict[str, float]) -> DarlFullyAsyncTrainerImpl:
+    """The plain fully-async D-ARL trainer without Ray, old log-probs = rollout + deltas[uid]."""
+    donor = make_trainer(cfg, deltas)  # the stand-ins of the one-step-off hook test
+    trainer = DarlFullyAsyncTrainerImpl.__new__(DarlFullyAsyncTrainerImpl)
+    trainer.__dict__.update(donor.__dict__)
+    trainer.replay = ReplayConfig.from_dict(dict(cfg.replay))
+    trainer.buffer = ReplayBuffer.from_config(trainer.replay)
+    trainer.require_batches = int(cfg.async_training.require_batches)
+    trainer.current_param_version = 0
+    trainer.trigger_parameter_sync_step = int(cfg.async_training.trigger_parameter_sync_step)
+    trainer.train_dataloader = StatefulDataLoader(list(range(64)), batch_size=4)
+    return trainer
+
+
+def test_replay_step_on_fully_async_hooks_uses_param_versions_and_survives_load_checkpoint(compose_config, batch_maker,
+                                                                                        state_equal):
+    cfg = _fa(compose_config, "replay.warmup=0", "async_training.require_batches=2", "trainer.resume_mode=auto")
+    validate_or_raise(cfg)
+    deltas: dict[str, float] = {}
+    trainer = make_fa_trainer(cfg, deltas)
+    assert trainer._replay_budget() == 4  # ppo_mini_batch_size 2 x require_batches 2
+    # samples stamped with parameter versions 0 and 1 (a fresh batch spans a sync), trained at version 2
+    first = batch_maker(versions=[0, 0, 1, 1], rewards=[[1, 0], [0, 1], [1, 0], [0, 1]], seed=11)
+    deltas.update({u: 0.0 for u in uids(first)})
+    trainer.current_param_version = 2
+    run_step(trainer, first)
+    m = trainer.metrics
+    assert m["replay/staleness_mean"] == pytest.approx(1.5) and m["replay/staleness_max"] == 2
+    assert len(trainer.trained[-1]) == 8 and len(trainer.buffer) == 4
+    assert all(2 in g.recorded for g in trainer.buffer.groups)  # pi_old recorded as parameter version 2
+
+    trainer.current_param_version = 3
+    second = batch_maker(versions=[2, 2], rewards=[[1, 0], [0, 1]], seed=12)
+    deltas.update({u: 0.0 for u in uids(second)})
+    run_step(trainer, second)
+    # 2 fresh groups + round(0.5 * 4) = 2 replayed (least reused: all once; newer version first)
+    assert len(trainer.trained[-1]) == 8 and trainer.metrics["replay/selected"] == 4
+    assert set(uids(trainer.trained[-1])) >= set(uids(second))
+
+    # verl's checkpoint layout: global_step_{current_param_version}/actor, the tracker file, our buffer file
+    folder = trainer._checkpoint_folder()
+    os.makedirs(os.path.join(folder, "actor"))
+    trainer.save_replay(folder)
+    with open(os.path.join(cfg.trainer.default_local_dir, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("3")
+    saved = trainer.buffer.state_dict()
+    resumed = make_fa_trainer(cfg, {})
+    assert asyncio.run(resumed.load_checkpoint()) == 3
+    assert resumed.current_param_version == 3 and resumed.global_steps == 3 * 4 + 1
+    assert state_equal(resumed.buffer.state_dict(), saved)
