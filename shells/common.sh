@@ -154,7 +154,7 @@ darl_setup() {
 }
 
 darl_run() {
-    local cmd=("$PYTHON" -m recipe.darl.main_darl "${DARL_COMMON_ARGS[@]}" "$@")
+    local cmd=("$PYTHON" -m "${DARL_MAIN:-recipe.darl.main_darl}" "${DARL_COMMON_ARGS[@]}" "$@")
     if [[ -n "${DARL_PRINT_CMD:-}" && "${DARL_PRINT_CMD}" != 0 ]]; then
         printf '%q ' "${cmd[@]}"
         printf '\n'
@@ -164,4 +164,21 @@ darl_run() {
     export PYTHONPATH="$DARL_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
     echo "[darl] $EXPERIMENT_NAME: trainer ${NNODES}x${TRAINER_GPUS} GPU, rollout ${ROLLOUT_NNODES}x${ROLLOUT_GPUS} GPU, checkpoints $CKPT_DIR" >&2
     "${cmd[@]}"
+}
+
+# verl's fully-async pipeline (recipe.darl.main_fully_async): a rollouter streams groups into verl's MessageQueue,
+# each trainer step takes MINI_BATCH_SIZE * REQUIRE_BATCHES prompts, weights sync every SYNC_STEPS steps, and the
+# rollouter may run STALENESS_THRESHOLD syncs' worth of samples ahead. Variables [defaults]:
+#   REQUIRE_BATCHES [1]  SYNC_STEPS [4]  STALENESS_THRESHOLD [0.5]  PARTIAL_ROLLOUT [true]
+#   TOTAL_ROLLOUT_PROMPTS prompts the rollouter generates in all [20000]
+darl_fully_async_run() {
+    DARL_MAIN=recipe.darl.main_fully_async darl_run \
+        data.train_batch_size=0 \
+        "rollout.total_rollout_steps=${TOTAL_ROLLOUT_PROMPTS:-20000}" \
+        "rollout.n=$N_RESPONSES" \
+        "async_training.require_batches=${REQUIRE_BATCHES:-1}" \
+        "async_training.trigger_parameter_sync_step=${SYNC_STEPS:-4}" \
+        "async_training.staleness_threshold=${STALENESS_THRESHOLD:-0.5}" \
+        "async_training.partial_rollout=${PARTIAL_ROLLOUT:-true}" \
+        "$@"
 }

@@ -15,6 +15,7 @@
 #
 #   bash shells/run.sh [SCRIPT] [hydra overrides...]      # submits itself with sbatch
 #   SBATCH_ARGS="--nodes=2 --partition=gpu" bash shells/run.sh shells/one_step_off_grpo_4b_math_fsdp2_2_2_replay_4_pmis_sg.sh
+#   bash shells/run.sh shells/fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh   # the fully-async trainer
 #   sbatch --nodes=2 shells/run.sh SCRIPT ...               # also works; submit from the repository root
 #
 # Run outside a job, the script calls `sbatch` on itself (creating the log folder first, which a plain

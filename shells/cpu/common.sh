@@ -1,6 +1,6 @@
 # Shared part of the CPU scripts for the built-in example (sourced, not run). A script calls
 #     darl_cpu_setup
-#     darl_cpu_run <its own Hydra overrides> "$@"
+#     darl_cpu_run <its own Hydra overrides> "$@"            (one-step-off; darl_cpu_fully_async_run: fully-async)
 # Everything runs on CPU through Ray: the FSDP2 trainer (verl's engine over gloo, through the
 # VERL_PLATFORM=cpu plugin), the "hf" rollout server (transformers), weight sync through the Ray
 # object store every step. The example (tiny model, warm-start, parquet) is built on first use.
@@ -111,4 +111,21 @@ darl_cpu_setup() {
 
 darl_cpu_run() {
     "$PYTHON" -m recipe.darl.main_darl "${DARL_CPU_ARGS[@]}" "$@"
+}
+
+# verl's fully-async pipeline on the same example: a rollouter streams groups into verl's MessageQueue; each
+# trainer step takes MINI_BATCH_SIZE * REQUIRE_BATCHES groups; weights sync every SYNC_STEPS trainer steps;
+# the rollouter may run STALENESS_THRESHOLD syncs' worth of samples ahead (samples up to 1 + ceil of it old).
+#   REQUIRE_BATCHES [1]  SYNC_STEPS (trigger_parameter_sync_step) [1]  STALENESS_THRESHOLD [2]  PARTIAL_ROLLOUT [true]
+darl_cpu_fully_async_run() {
+    local require="${REQUIRE_BATCHES:-1}" sync="${SYNC_STEPS:-1}"
+    "$PYTHON" -m recipe.darl.main_fully_async "${DARL_CPU_ARGS[@]}" \
+        data.train_batch_size=0 \
+        "rollout.total_rollout_steps=$((STEPS * MINI_BATCH_SIZE * require))" \
+        "async_training.require_batches=$require" \
+        "async_training.trigger_parameter_sync_step=$sync" \
+        "async_training.staleness_threshold=${STALENESS_THRESHOLD:-2}" \
+        "async_training.partial_rollout=${PARTIAL_ROLLOUT:-true}" \
+        "rollout.n=$N_RESPONSES" \
+        "$@"
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The built-in example on CPU, seed configuration `_pmis_sg`: D-ARL with replay over K = 4 behavior
-# versions, variance-guided selection, pmis weights with stop-gradient, C = 2. Variables: shells/cpu/common.sh.
+# The built-in example on CPU, seed configuration `_pmis_sg`: D-ARL, the preset (docs/algorithm.md): replay over K = 4 behavior
+# versions, fresh groups first plus least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2. Variables: shells/cpu/common.sh.
 # (warmup 2 instead of the GPU scripts' 5: the CPU run is 40 steps long)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Qwen3-1.7B on GSM8K through verl's fully-async pipeline, FSDP2 trainer on 1 GPU, vLLM rollouter on 1 GPU,
+# seed configuration `_pmis_sg`: D-ARL, the preset (docs/algorithm.md): replay over K = 4 parameter versions, fresh groups first
+# plus least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2.
+# Environment variables: shells/common.sh (REQUIRE_BATCHES, SYNC_STEPS, STALENESS_THRESHOLD among them).
+# Never run on a GPU by this project yet (docs/gpu.md).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+darl_setup 1.7b gsm8k 1 1
+
+darl_fully_async_run \
+    algorithm.rollout_correction.bypass_mode=false \
+    algorithm.rollout_is=true \
+    algorithm.rollout_is_threshold=2.0 \
+    replay.enable=true \
+    replay.k=4 \
+    replay.pmis=true \
+    replay.stop_grad=true \
+    replay.warmup=5 \
+    "$@"
