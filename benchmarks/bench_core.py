@@ -105,6 +105,18 @@ def main() -> None:
         args.repeats,
     )
 
+    t_gated, gated = median_seconds(
+        lambda: batch_weights(mask[rows], old[rows], rollout[rows], sample_versions, "pmis", "ess", 2.0, recorded=recorded,
+                              m2_budget=0.04),
+        args.repeats,
+    )
+    # the preset's selection: fresh first, then least-reused replayed groups (no scores needed)
+    fresh = torch.tensor([g.version == K - 1 for g in groups])
+    reuse = torch.arange(len(groups)) % 3
+    t_preset, _ = median_seconds(
+        lambda: select_groups(P, versions, arrival, multiple=1, order="least_reused", reuse=reuse, fresh=fresh,
+                              extra=P // 2), args.repeats)
+
     tokens = stats["tokens"]
     figures = {
         "candidates": f"{len(groups)} groups x {n} responses x <= {L} tokens ({int(mask.sum()):,} response tokens)",
@@ -113,6 +125,9 @@ def main() -> None:
         "select_s": t_select,
         "score_plus_select_s": t_score + t_select,
         "weights_s": t_weights,
+        "weights_m2_gate_s": t_gated,
+        "m2_gated_fraction": gated.metrics["m2_gated_fraction"],
+        "preset_select_s": t_preset,
         "buffer_bytes": stats["bytes"],
         "bytes_per_token": stats["bytes"] / tokens,
         "recorded_versions_per_group": recorded_versions,
@@ -128,6 +143,9 @@ def main() -> None:
     print(f"| selection (median of {args.repeats}) | {figures['select_s'] * 1000:.1f} ms |")
     print(f"| scoring + selection | {figures['score_plus_select_s']:.3f} s |")
     print(f"| pmis + ESS weights of the selected batch (median) | {figures['weights_s']:.3f} s |")
+    print(f"| the same with the m2 gate, budget 0.04 (median; gated {figures['m2_gated_fraction']:.1%} of tokens) | "
+          f"{figures['weights_m2_gate_s']:.3f} s |")
+    print(f"| the preset's selection: fresh first + least reused (median) | {figures['preset_select_s'] * 1000:.1f} ms |")
     print(f"| buffer bytes per stored response token | {figures['bytes_per_token']:.2f} "
           f"(with {recorded_versions:.1f} recorded versions per group; "
           f"{figures['bytes_per_token_without_recorded']:.2f} without them) |")
