@@ -70,7 +70,7 @@ class DarlTaskRunner:
 
 
 def prepare_config(config: DictConfig) -> DictConfig:
-    """Aliases, checks (raising `ConfigError` before Ray starts) and the one-step-off resource copy."""
+    """Aliases, checks (raising `ConfigError` before Ray starts) and the rollout resource copy both trainers make."""
     from verl.utils.device import auto_set_device
 
     validate_or_raise(config)
@@ -80,15 +80,19 @@ def prepare_config(config: DictConfig) -> DictConfig:
     return config
 
 
-@hydra.main(config_path="config", config_name="darl_trainer", version_base=None)
-def main(config: DictConfig) -> None:
+def run_or_print(config: DictConfig, task_runner_class) -> None:
+    """verl's run_ppo with the given task runner, or, with DARL_DRY_RUN set, the resolved config only."""
     from verl.trainer.main_ppo import run_ppo
 
-    prepare_config(config)
     if os.environ.get("DARL_DRY_RUN"):
         print(OmegaConf.to_yaml(config, resolve=True))
         return
-    run_ppo(config, task_runner_class=DarlTaskRunner)
+    run_ppo(config, task_runner_class=task_runner_class)
+
+
+@hydra.main(config_path="config", config_name="darl_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    run_or_print(prepare_config(config), DarlTaskRunner)
 
 
 if __name__ == "__main__":

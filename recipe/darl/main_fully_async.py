@@ -6,42 +6,25 @@ before Ray starts, the fully-async keys included (warnings are printed, problems
 
 from __future__ import annotations
 
-import os
 import sys
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from .config_check import fully_async_findings, validate_or_raise
-from .main_darl import rewrite_seed_overrides
-
-
-def prepare_config(config: DictConfig) -> DictConfig:
-    """Aliases and checks (raising `ConfigError` before Ray starts), then verl's fully-async resource copy."""
-    from verl.utils.device import auto_set_device
-
-    validate_or_raise(config)
-    for warning in fully_async_findings(config)[1]:
-        print(f"[D-ARL] warning: {warning}")
-    auto_set_device(config)
-    config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
-    config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node
-    return config
+from .config_check import fully_async_findings
+from .main_darl import prepare_config, rewrite_seed_overrides, run_or_print
 
 
 @hydra.main(config_path="config", config_name="darl_fully_async_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    from verl.trainer.main_ppo import run_ppo
     from verl.experimental.reward_loop import migrate_legacy_reward_impl
 
     from .trainer_fully_async import DarlFullyAsyncTaskRunner
 
     prepare_config(config)
-    config = migrate_legacy_reward_impl(config)
-    if os.environ.get("DARL_DRY_RUN"):
-        print(OmegaConf.to_yaml(config, resolve=True))
-        return
-    run_ppo(config, task_runner_class=DarlFullyAsyncTaskRunner)
+    for warning in fully_async_findings(config)[1]:
+        print(f"[D-ARL] warning: {warning}")
+    run_or_print(migrate_legacy_reward_impl(config), DarlFullyAsyncTaskRunner)
 
 
 if __name__ == "__main__":

@@ -34,17 +34,6 @@ from .replay_step import batch_from_groups, groups_from_batch, loss_inputs, repl
 BUFFER_FILE = "darl_replay.pt"
 
 
-class _Rows:
-    """The recomputed rows of the selected groups: candidate index -> position in `batch` (n rows each)."""
-
-    def __init__(self, batch: DataProto, position: dict[int, int], n: int) -> None:
-        self.batch, self.position, self.n = batch, position, n
-
-    def select_groups(self, candidates: list[int]) -> DataProto:
-        return self.batch.select_idxs(np.concatenate(
-            [np.arange(self.position[i] * self.n, (self.position[i] + 1) * self.n) for i in candidates]))
-
-
 class ReplayStepMixin:
     """D-ARL replay over a verl trainer's fit_step hooks. Call `_init_replay(config)` after the trainer's
     own __init__."""
@@ -113,16 +102,17 @@ class ReplayStepMixin:
                 part = self._recompute(picked, prompt_width, response_width, batch.meta_info, timing)
                 for i, s in zip(selection.selected, self._score(picked, part, timing)):
                     scores[i] = s
-                position = {i: j for j, i in enumerate(selection.selected)}
-                merged = _Rows(part, position, n)
+                merged, rows_of = part, picked
             else:  # no update this step; the later hooks still want old log-probs
                 merged = self._recompute(cands.candidates, prompt_width, response_width, batch.meta_info, timing)
+                rows_of = cands.candidates
         else:
             if self.replay.rescore == "lazy":
                 merged, scores = self._score_lazily(cands, prompt_width, response_width, batch.meta_info, timing)
             else:
                 merged = self._recompute(cands.candidates, prompt_width, response_width, batch.meta_info, timing)
                 scores = self._score(cands.candidates, merged, timing)
+            rows_of = cands.candidates  # the groups whose rows `merged` holds, in order (lazy: the kept ones)
             t0 = time.perf_counter()
             selection = self._select(cands.candidates, scores, fresh=cands.fresh)
             timing["select"] = time.perf_counter() - t0
@@ -130,13 +120,13 @@ class ReplayStepMixin:
         self._step_state = state
         if selection.skipped:
             print(f"[D-ARL] step {self._replay_version()}: no update ({selection.reason})")
-            return self._use_rewards_of(merged.batch if isinstance(merged, _Rows) else merged)
+            return self._use_rewards_of(merged)
 
         # train in arrival order, so mini-batches mix scores instead of sorting them
         order = sorted(selection.selected, key=lambda i: cands.candidates[i].seq)
         selected = [cands.candidates[i] for i in order]
-        chosen = merged.select_groups(order) if isinstance(merged, _Rows) else \
-            merged.select_idxs(np.concatenate([np.arange(i * n, (i + 1) * n) for i in order]))
+        row = {id(g): j for j, g in enumerate(rows_of)}
+        chosen = merged.select_idxs(np.concatenate([np.arange(row[id(g)] * n, (row[id(g)] + 1) * n) for g in selected]))
         t0 = time.perf_counter()
         state["mini_batch_groups"] = min(len(selected), self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
         state["weights"] = loss_inputs(
