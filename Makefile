@@ -1,7 +1,7 @@
 # make test: builds .venv (CPU stack, pinned), installs the project, runs the whole suite.
 # make demo: D-ARL end to end on CPU on the built-in example (Ray, FSDP2 trainer, hf rollout, replay K=4).
 # make bench: the core's speed and memory benchmark (docs/performance.md).
-# make evidence: the controlled-staleness study of docs/evidence.md into runs/staleness (about 2 hours).
+# make evidence: the two-regime study of docs/evidence.md into runs/study (about 80 min with 2 jobs).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -31,7 +31,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_core.py
 
 evidence: $(STAMP)
-	PYTHON=$(abspath $(PY)) bash benchmarks/staleness/study.sh runs/staleness
+	PYTHON=$(abspath $(PY)) bash benchmarks/staleness/study.sh runs/study
 
 demo: $(STAMP)
 	$(PY) -m recipe.darl.demo

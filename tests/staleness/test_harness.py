@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from benchmarks.staleness.harness import Harness, HarnessConfig
-from benchmarks.staleness.run_study import METHODS, report
+from benchmarks.staleness.run_study import METHODS, V1, cell_staleness, report
+from benchmarks.staleness.targets import table, targets
 
 STEPS = 4
 
@@ -78,7 +79,7 @@ def test_staleness_makes_naive_and_decoupled_differ(model_dir):
 
 
 def test_darl_buffer_spans_versions(model_dir):
-    h = make(model_dir, "darl", 1)
+    h = make(model_dir, "darl", 1, **V1)  # the first design recomputes every candidate every step
     history = run_steps(h)
     assert len({g.version for g in h.buffer.groups}) > 1
     assert history[-1]["buffer_versions"] > 1
@@ -100,16 +101,50 @@ def test_pmis_mixes_versions_only_while_staleness_is_below_k(model_dir):
 
 def test_ablation_switches_resolve(model_dir):
     for name, overrides in METHODS.items():
-        cfg = HarnessConfig(**{**overrides, "model_dir": str(model_dir)})
+        cfg = HarnessConfig(**{k: v for k, v in overrides.items() if k != "staleness"}, model_dir=str(model_dir))
         assert cfg.method in ("naive", "decoupled", "darl"), name
-    assert HarnessConfig(method="darl", pmis=False).use_selection is False
-    assert HarnessConfig(method="darl", selection=False).replay_config().resolved_behavior_weight == "pmis"
+    assert HarnessConfig(method="darl").replay_config().resolved("order") == "least_reused"
+    assert HarnessConfig(**METHODS["darl_v1"]).replay_config().resolved("order") == "chi2"
+    assert HarnessConfig(method="darl", pmis=False).replay_config().resolved("ratio") is None
+    assert cell_staleness("sync", 8) == 0 and cell_staleness("darl", 8) == 8
     with pytest.raises(ValueError):
         HarnessConfig(method="darl", k=0)
     # uniform replay (no scores) and pmis-without-selection both train
     for overrides in (METHODS["replay_uniform"], METHODS["pmis_no_selection"]):
         history = run_steps(make(model_dir, staleness=1, **overrides), 3)
         assert all(math.isfinite(m["loss"]) for m in history if not m["skipped"])
+
+
+def test_equal_update_doubles_the_updates_and_the_preset_reports_its_controls(model_dir):
+    once = run_steps(make(model_dir, "decoupled", 1, minibatches=2), 2)
+    twice = run_steps(make(model_dir, "decoupled", 1, minibatches=2, epochs=2), 2)
+    assert [m["updates"] for m in once] == [2, 2] and [m["updates"] for m in twice] == [4, 4]
+    preset = run_steps(make(model_dir, "darl", 2, lr=3e-3), STEPS)
+    trained = [m for m in preset if not m["skipped"]]
+    assert all(0.0 <= m["m2_gated_fraction"] <= 1.0 and 0.0 <= m["behavior_clip_fraction"] <= 1.0 for m in trained)
+    assert any(m["behavior_clip_fraction"] > 0 for m in trained)  # lr 3e-3 at s = 2 moves pi_theta past 1.2 mu
+
+
+def _fake(method, s, seed, final, wall_steps=(1.0,), evals=None):
+    evals = evals or [{"accuracy": 0.35, "samples": 0}, {"accuracy": final, "samples": 100}]
+    return {"method_name": method, "staleness": s, "seed": seed, "final_accuracy": final, "evals": evals,
+            "samples": 100, "steps": [{"time_gen": t, "time_train": 0.0} for t in wall_steps]}
+
+
+def test_targets_by_hand():
+    stress = [_fake("sync", 0, 0, 0.45), _fake("naive", 8, 0, 0.30), _fake("decoupled", 8, 0, 0.10, (2.0,)),
+              _fake("darl", 8, 0, 0.43, (2.2,))]
+    half_way = [{"accuracy": 0.35, "samples": 0}, {"accuracy": 0.50, "samples": 50}, {"accuracy": 0.52, "samples": 100}]
+    benign = [_fake("decoupled", s, 0, 0.50) for s in (1, 4, 8)] + \
+             [_fake("darl", s, 0, 0.52, evals=half_way) for s in (1, 4)] + [_fake("darl", 8, 0, 0.49)]
+    rows = {t: (m, ok) for t, m, _, ok in targets(benign, stress)}
+    assert rows["stress s=8: preset - better of naive/decoupled"] == ("+0.130 (0.430 vs naive 0.300)", True)
+    assert rows["stress s=8: preset - sync"][1] is True  # -0.02 >= -0.03
+    assert rows["benign s=8: preset - decoupled"][1] is False
+    assert rows["benign s=4: preset's samples to decoupled's final (per seed)"] == ("0.50", True)
+    assert rows["benign s=8: preset's samples to decoupled's final (per seed)"] == ("not reached", False)
+    assert rows["stress s=8: preset step time / decoupled's"] == ("1.10x", True)
+    assert "**no**" in table(targets(benign, stress))
 
 
 def test_deterministic_for_a_fixed_seed(model_dir):
