@@ -115,7 +115,9 @@ def batch_from_groups(
         "token_level_scores": torch.cat(scores),
     }
     non_tensors = {k: np.concatenate([g.non_tensors[k] for g in groups]) for k in keys}
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(meta_info or {}))
+    # per-row arrays of the fresh batch (fully-async's trajectory_param_versions) do not describe these rows
+    meta = {k: v for k, v in (meta_info or {}).items() if not isinstance(v, (np.ndarray, torch.Tensor))}
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
 
 
 def minibatch_index(num_samples: int, mini_batch_samples: int, dp_size: int) -> torch.Tensor:

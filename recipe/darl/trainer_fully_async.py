@@ -13,6 +13,10 @@ Two things verl 0.9.1 does not make easy, and how they are handled:
 - `FullyAsyncTrainer` is a Ray actor class (`@ray.remote`), which Ray forbids subclassing: the plain class
   behind it (`__ray_metadata__.modified_class.__ray_actor_class__`) is subclassed and wrapped in
   `ray.remote` again with the same resources.
+- Ray wraps every inherited method into the actor class and ships those wrappers by value; verl's methods
+  then carry a by-value copy of `FullyAsyncTrainer` in their zero-argument `super()` cells. This module is
+  therefore pickled by value as well, so the copy is also the base class the worker builds (else `super()`
+  fails there: "obj must be an instance or subtype of type").
 - `FullyAsyncTaskRunner._create_trainer` names `FullyAsyncTrainer` from its module: `DarlFullyAsyncTaskRunner`
   points that name at the D-ARL trainer for the duration of the call.
 
@@ -25,12 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import ray
+from ray import cloudpickle
 from verl.experimental.fully_async_policy import fully_async_main
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
 from .replay_mixin import ReplayStepMixin
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 FullyAsyncTrainerBase = _RemoteFullyAsyncTrainer.__ray_metadata__.modified_class.__ray_actor_class__
 TRAINER_NUM_CPUS = 10  # what verl's @ray.remote gives FullyAsyncTrainer

@@ -119,7 +119,9 @@ darl_cpu_run() {
 #   REQUIRE_BATCHES [1]  SYNC_STEPS (trigger_parameter_sync_step) [1]  STALENESS_THRESHOLD [2]  PARTIAL_ROLLOUT [true]
 darl_cpu_fully_async_run() {
     local require="${REQUIRE_BATCHES:-1}" sync="${SYNC_STEPS:-1}"
-    "$PYTHON" -m recipe.darl.main_fully_async "${DARL_CPU_ARGS[@]}" \
+    # verl's fully-async actors ask for logical CPUs: task runner 1, trainer 10, rollouter 10, queue 2, workers
+    local args=("${DARL_CPU_ARGS[@]/#++ray_kwargs.ray_init.num_cpus=*/++ray_kwargs.ray_init.num_cpus=32}")
+    "$PYTHON" -m recipe.darl.main_fully_async "${args[@]}" \
         data.train_batch_size=0 \
         "rollout.total_rollout_steps=$((STEPS * MINI_BATCH_SIZE * require))" \
         "async_training.require_batches=$require" \

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from importlib import resources
 
 import pytest
 from omegaconf import OmegaConf
+from ray import cloudpickle
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from recipe.darl.config_check import apply_seed_aliases, check_config, fully_async_findings, validate_or_raise
@@ -72,6 +75,31 @@ def test_fully_async_checks_name_the_keys_and_numbers(compose_config):
 def test_the_ray_actor_wraps_the_replay_trainer():
     assert issubclass(DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase)
     assert DarlFullyAsyncTrainer.__ray_metadata__.modified_class.__ray_actor_class__ is DarlFullyAsyncTrainerImpl
+
+
+CHECK_SUPER_CELLS = """
+import inspect, sys
+from ray import cloudpickle
+cls = cloudpickle.loads(sys.stdin.buffer.read())
+mro = set(map(id, cls.__mro__))
+for name, f in cls.__dict__.items():
+    code = getattr(inspect.unwrap(f), "__code__", None) if callable(f) else None
+    if code is not None and "__class__" in code.co_freevars:
+        cell = inspect.unwrap(f).__closure__[code.co_freevars.index("__class__")]
+        if id(cell.cell_contents) not in mro:
+            print(name)
+"""
+
+
+def test_the_actor_class_unpickles_with_super_cells_in_its_own_mro():
+    """What Ray ships to the worker: every method's zero-argument super() must name a class of the
+    instance's MRO there (verl's FullyAsyncTrainer methods call super(); a by-value copy of that class in
+    their cells that is not the base failed the first fit step with 'obj must be an instance or subtype')."""
+    shipped = cloudpickle.dumps(DarlFullyAsyncTrainer.__ray_metadata__.modified_class)
+    out = subprocess.run([sys.executable, "-c", CHECK_SUPER_CELLS], input=shipped, capture_output=True, timeout=120,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert out.stdout.decode().split() == []
 
 
 def make_fa_trainer(cfg, deltas: dict[str, float]) -> DarlFullyAsyncTrainerImpl:
