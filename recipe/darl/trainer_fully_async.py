@@ -16,9 +16,8 @@ Two things verl 0.9.1 does not make easy, and how they are handled:
 - Ray wraps every inherited method into the actor class and ships those wrappers by value; verl's methods
   then carry a by-value copy of `FullyAsyncTrainer` in their zero-argument `super()` cells. This module is
   therefore pickled by value as well, so the copy is also the base class the worker builds (else `super()`
-  fails there: "obj must be an instance or subtype of type").
-- `FullyAsyncTaskRunner._create_trainer` names `FullyAsyncTrainer` from its module: `DarlFullyAsyncTaskRunner`
-  points that name at the D-ARL trainer for the duration of the call.
+  fails there: "obj must be an instance or subtype of type"). The task runner, which must be pickled by
+  reference (it swaps a global of verl's module), lives in `task_runner_fully_async`.
 
 Resume: verl saves the actor and the rollouter's dataloader at `global_step_{current_param_version}`; the
 replay buffer is written there too and restored by `load_checkpoint`. Samples in flight or in the queue at
@@ -27,13 +26,11 @@ a preemption are lost, as in verl (its rollouter says so): the dataloader resume
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
 import ray
 from ray import cloudpickle
-from verl.experimental.fully_async_policy import fully_async_main
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
 from .replay_mixin import ReplayStepMixin
@@ -78,26 +75,3 @@ class DarlFullyAsyncTrainerImpl(ReplayStepMixin, FullyAsyncTrainerBase):
 
 
 DarlFullyAsyncTrainer = ray.remote(num_cpus=TRAINER_NUM_CPUS)(DarlFullyAsyncTrainerImpl)
-
-FullyAsyncTaskRunnerBase = fully_async_main.FullyAsyncTaskRunner.__ray_metadata__.modified_class.__ray_actor_class__
-
-
-@contextlib.contextmanager
-def _trainer_class(cls):
-    saved = fully_async_main.FullyAsyncTrainer
-    fully_async_main.FullyAsyncTrainer = cls
-    try:
-        yield
-    finally:
-        fully_async_main.FullyAsyncTrainer = saved
-
-
-class DarlFullyAsyncTaskRunnerImpl(FullyAsyncTaskRunnerBase):
-    """verl's fully-async task runner, building the D-ARL trainer."""
-
-    def _create_trainer(self, config) -> None:
-        with _trainer_class(DarlFullyAsyncTrainer):
-            super()._create_trainer(config)
-
-
-DarlFullyAsyncTaskRunner = ray.remote(num_cpus=1)(DarlFullyAsyncTaskRunnerImpl)
