@@ -3,7 +3,7 @@
 # Resumable: runs already in OUT/results.jsonl are skipped. About 2.5 hours with 2 jobs on 2 cores.
 #   bash benchmarks/staleness/study_v1.sh [OUT]          (default runs/staleness)
 #   STEPS=10 SEEDS=0 bash benchmarks/staleness/study_v1.sh runs/staleness-mini    # reduced: 1 seed, 10 steps
-#   python -m benchmarks.staleness.run_study --report-only --out docs/evidence  # figures from the committed results
+#   python -m benchmarks.staleness.run_study --report-only --out docs/evidence/v1  # figures from the committed results
 set -euo pipefail
 OUT="${1:-runs/staleness}"
 STEPS="${STEPS:-50}"

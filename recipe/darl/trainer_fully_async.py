@@ -19,9 +19,12 @@ Two things verl 0.9.1 does not make easy, and how they are handled:
   fails there: "obj must be an instance or subtype of type"). The task runner, which must be pickled by
   reference (it swaps a global of verl's module), lives in `task_runner_fully_async`.
 
-Resume: verl saves the actor and the rollouter's dataloader at `global_step_{current_param_version}`; the
-replay buffer is written there too and restored by `load_checkpoint`. Samples in flight or in the queue at
-a preemption are lost, as in verl (its rollouter says so): the dataloader resumes after them.
+Resume: verl saves the actor and the rollouter's dataloader at `global_step_{current_param_version}`. The
+replay buffer is written there too, and so are the samples waiting in the MessageQueue (generated, not yet
+trained): drained before verl saves the dataloader, written to `darl_queue.pt`, put back. `load_checkpoint`
+restores the buffer and puts the saved samples back in the queue before the rollouter starts, so they are
+trained first. Samples still being generated at the checkpoint are lost, as in verl: their prompts were
+already drawn, and the restored dataloader resumes after them.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import os
 import sys
 
 import ray
+import torch
 from ray import cloudpickle
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
@@ -38,6 +42,7 @@ from .replay_mixin import ReplayStepMixin
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 FullyAsyncTrainerBase = _RemoteFullyAsyncTrainer.__ray_metadata__.modified_class.__ray_actor_class__
+QUEUE_FILE = "darl_queue.pt"
 TRAINER_NUM_CPUS = 10  # what verl's @ray.remote gives FullyAsyncTrainer
 
 
@@ -60,17 +65,44 @@ class DarlFullyAsyncTrainerImpl(ReplayStepMixin, FullyAsyncTrainerBase):
         return os.path.join(root, f"global_step_{self.current_param_version}")
 
     def _save_checkpoint(self):
-        self.save_replay(self._checkpoint_folder())
+        folder = self._checkpoint_folder()
+        self.save_replay(folder)
+        self.save_queue(folder)
         return super()._save_checkpoint()
+
+    def save_queue(self, folder: str) -> int:
+        """Writes the MessageQueue's samples (cloudpickled RolloutSamples, in queue order) to `folder` and
+        puts them back; returns how many. A finish signal (None) is put back, not saved."""
+        client = self.message_queue_client
+        items = [client.get_sample_sync()[0] for _ in range(client.get_queue_size_sync())]
+        for item in items:
+            ray.get(client.queue_actor.put_sample.remote(item))
+        samples = [x for x in items if x is not None]
+        os.makedirs(folder, exist_ok=True)
+        torch.save({"samples": samples, "param_version": self.current_param_version}, os.path.join(folder, QUEUE_FILE))
+        print(f"[D-ARL] saved {len(samples)} generated but untrained sample(s) to {folder}/{QUEUE_FILE}")
+        return len(samples)
+
+    async def requeue(self, folder: str) -> int:
+        """Puts the samples `save_queue` wrote in `folder` back into the MessageQueue; returns how many."""
+        path = os.path.join(folder, QUEUE_FILE)
+        if not os.path.exists(path):
+            return 0
+        samples = torch.load(path, weights_only=False)["samples"]
+        for sample in samples:
+            await self.message_queue_client.put_sample(sample)
+        print(f"[D-ARL] requeued {len(samples)} generated but untrained sample(s) from {path}")
+        return len(samples)
 
     async def load_checkpoint(self):
         version = await super().load_checkpoint()
-        if self.buffer is not None and self.current_param_version > 0:
+        if self.current_param_version > 0:
             if self.config.trainer.resume_mode == "resume_path":
                 folder = os.path.abspath(self.config.trainer.resume_from_path)
             else:
                 folder = self._checkpoint_folder()
             self.load_replay(folder)
+            await self.requeue(folder)
         return version
 
 

@@ -116,9 +116,9 @@ darl_cpu_run() {
 # verl's fully-async pipeline on the same example: a rollouter streams groups into verl's MessageQueue; each
 # trainer step takes MINI_BATCH_SIZE * REQUIRE_BATCHES groups; weights sync every SYNC_STEPS trainer steps;
 # the rollouter may run STALENESS_THRESHOLD syncs' worth of samples ahead (samples up to 1 + ceil of it old).
-#   REQUIRE_BATCHES [1]  SYNC_STEPS (trigger_parameter_sync_step) [1]  STALENESS_THRESHOLD [2]  PARTIAL_ROLLOUT [true]
+#   REQUIRE_BATCHES [2: the one-step-off scripts' 16 prompts per step]  SYNC_STEPS (trigger_parameter_sync_step) [1]  STALENESS_THRESHOLD [2]  PARTIAL_ROLLOUT [true]
 darl_cpu_fully_async_run() {
-    local require="${REQUIRE_BATCHES:-1}" sync="${SYNC_STEPS:-1}"
+    local require="${REQUIRE_BATCHES:-2}" sync="${SYNC_STEPS:-1}"
     # verl's fully-async actors ask for logical CPUs: task runner 1, trainer 10, rollouter 10, queue 2, workers
     local args=("${DARL_CPU_ARGS[@]/#++ray_kwargs.ray_init.num_cpus=*/++ray_kwargs.ray_init.num_cpus=32}")
     "$PYTHON" -m recipe.darl.main_fully_async "${args[@]}" \
