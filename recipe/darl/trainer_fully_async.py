@@ -91,8 +91,18 @@ class DarlFullyAsyncTrainerImpl(ReplayStepMixin, FullyAsyncTrainerBase):
         samples = torch.load(path, weights_only=False)["samples"]
         for sample in samples:
             await self.message_queue_client.put_sample(sample)
+        self._requeued = len(samples)
         print(f"[D-ARL] requeued {len(samples)} generated but untrained sample(s) from {path}")
         return len(samples)
+
+    async def _fit_update_weights(self):
+        if getattr(self, "_requeued", 0):
+            # verl's rollouter resumes its sample count at the trained samples; the requeued ones were generated
+            # too, else it would generate as many again and the run would end with more samples than configured.
+            # The task runner calls this once after both load_checkpoints and before the rollouter starts.
+            n, self._requeued = self._requeued, 0
+            await self.rollouter.__ray_call__.remote(_count_as_generated, n)
+        return await super()._fit_update_weights()
 
     async def load_checkpoint(self):
         version = await super().load_checkpoint()
@@ -104,6 +114,10 @@ class DarlFullyAsyncTrainerImpl(ReplayStepMixin, FullyAsyncTrainerBase):
             self.load_replay(folder)
             await self.requeue(folder)
         return version
+
+
+def _count_as_generated(rollouter, n: int) -> None:
+    rollouter.global_steps += n
 
 
 DarlFullyAsyncTrainer = ray.remote(num_cpus=TRAINER_NUM_CPUS)(DarlFullyAsyncTrainerImpl)
