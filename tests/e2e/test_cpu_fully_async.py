@@ -5,7 +5,6 @@ digits in the response), so groups have non-zero advantages from the first step.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -15,15 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.darl.example.arithmetic import make_problems, records, write_parquet
-from recipe.darl.tiny_model import build_tiny_model
+from e2e_helpers import build_inputs, read_log
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "shells" / "cpu" / "fully_async_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"
-REWARD = '''
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)
-'''
 K = 3
 STEPS = 4
 
@@ -31,18 +25,17 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e_fa")
-    model = build_tiny_model(root / "model", seed=0, hidden_size=64)
-    train = write_parquet(records(make_problems(64, seed=1), "train"), root / "train.parquet")
-    val = write_parquet(records(make_problems(8, seed=2), "test"), root / "val.parquet")
-    (root / "digits_reward.py").write_text(REWARD)
+    inputs = build_inputs(root)
+    model = inputs["MODEL_PATH"]
     out = root / "out"
 
     def run(log: str, *extra: str) -> subprocess.CompletedProcess:
-        env = dict(os.environ, MODEL_PATH=model, TRAIN_FILES=str(train), VAL_FILES=str(val), OUT_DIR=str(out),
+        env = dict(os.environ, MODEL_PATH=model, TRAIN_FILES=inputs["TRAIN_FILES"], VAL_FILES=inputs["VAL_FILES"],
+                   OUT_DIR=str(out),
                    VERL_FILE_LOGGER_PATH=str(root / log), STEPS=str(STEPS), TEST_FREQ="2", SAVE_FREQ="2",
                    MINI_BATCH_SIZE="2", REQUIRE_BATCHES="1", N_RESPONSES="4", STALENESS_THRESHOLD="2",
                    PYTHON=sys.executable)
-        overrides = [f"reward.custom_reward_function.path={root / 'digits_reward.py'}", f"replay.k={K}",
+        overrides = [inputs["reward"], f"replay.k={K}",
                      "replay.warmup=0", "data.max_response_length=12",
                      "trainer.max_actor_ckpt_to_keep=null", *extra]  # the step-2 actor must survive step 4's save
         return subprocess.run(["bash", str(SCRIPT), *overrides], env=env, capture_output=True, text=True, timeout=900)
@@ -56,15 +49,8 @@ def runs(tmp_path_factory):
     second = run("run2.jsonl", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={step2}")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     return {"out": out, "first": first, "second": second, "saved": saved, "queued": queued, "step2": step2,
-            "log1": _read(root / "run1.jsonl"), "log2": _read(root / "run2.jsonl")}
+            "log1": read_log(root / "run1.jsonl"), "log2": read_log(root / "run2.jsonl")}
 
-
-def _read(path: Path) -> dict[int, dict]:
-    steps: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        steps.setdefault(record["step"], {}).update(record["data"])
-    return steps
 
 
 def _trained(log: dict[int, dict]) -> list[int]:
