@@ -257,8 +257,3 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
             index += 1
             if is_last:
                 return
-
-
-# Naming this module as `custom_backend_module` also registers the hf rollout (replica and server adapter)
-# in the processes that import it: verl's rollout workers import it before they look the adapter up.
-from recipe.darl import rollout as _hf_rollout  # noqa: E402,F401

@@ -63,7 +63,7 @@ darl_cpu_setup() {
         # the "hf" rollout (transformers on CPU) and weight sync through the Ray object store
         actor_rollout_ref.rollout.name=hf
         actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store
-        ++actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.checkpoint_engine_ray
+        ++actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.rollout
         actor_rollout_ref.rollout.tensor_model_parallel_size=1
         actor_rollout_ref.rollout.dtype=float32
         reward.num_workers=1

@@ -62,7 +62,7 @@ def make_config(model_path: str):
         "actor_rollout_ref.rollout.calculate_log_probs=True",
         "actor_rollout_ref.rollout.free_cache_engine=False",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store",
-        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.checkpoint_engine_ray",
+        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.rollout",
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
         "actor_rollout_ref.hybrid_engine=False",
         "trainer.device=cpu",

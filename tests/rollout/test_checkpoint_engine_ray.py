@@ -33,3 +33,24 @@ def test_transfer_is_exact(run_script):
         assert sync["metrics"]["checkpoint_engine/buckets"] >= 3  # 4 KB buckets
         assert sync["rank1_metrics"] == {}  # the non-master trainer rank sends nothing
     assert out["timeout"] == "TimeoutError" and out["timeout_seconds"] < 30
+
+
+
+def test_imports_go_one_way():
+    """The rollout package imports the engine's module (to register it); the engine's module must not import
+    the rollout package back (a cycle the layout once had). Read from the source: verl's plugin entry point
+    imports both packages in every process, so sys.modules cannot tell."""
+    import ast
+
+    import recipe.darl.checkpoint_engine_ray as engine
+
+    names = set()
+    for node in ast.walk(ast.parse(Path(engine.__file__).read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names |= {f"{node.module}.{a.name}" if node.module else a.name for a in node.names}
+            names.add(node.module or "")
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    assert not [n for n in names if n.startswith("recipe.darl.rollout") or n in ("recipe.darl", "rollout")], names
+    rollout_source = (Path(engine.__file__).parent / "rollout" / "__init__.py").read_text()
+    assert "checkpoint_engine_ray" in rollout_source  # the one direction that remains

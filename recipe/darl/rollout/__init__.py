@@ -7,7 +7,10 @@ whichever process imports it:
   `LLMServerManager` (the task runner, or any process that builds rollout servers);
 - ``_ROLLOUT_REGISTRY[("hf", "async")]`` -> `hf_adapter.HFServerAdapter`, looked up by verl's
   `CheckpointEngineWorker` (standalone/colocated rollout workers) and `ActorRolloutRefWorker` (hybrid);
-- the "ray_object_store" checkpoint engine (`recipe.darl.checkpoint_engine_ray`), for weight sync.
+- the "ray_object_store" checkpoint engine (`recipe.darl.checkpoint_engine_ray`), for weight sync: the CPU
+  scripts name this package as `checkpoint_engine.custom_backend_module`, so verl's rollout workers import
+  it (and with it both registrations) before they look the engine and the adapter up. Imports go one way:
+  this package imports the engine's module, never the reverse.
 
 Each registration runs as soon as verl's package holding the registry (``verl.workers.rollout``,
 ``verl.checkpoint_engine``) has been imported, or at once if it already is.
