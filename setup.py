@@ -14,6 +14,6 @@ setup(
     package_data={"recipe.darl": ["config/*.yaml", "config/replay/*.yaml"]},
     install_requires=["verl==0.9.1"],
     # verl/__init__.py imports every "verl.plugins" entry point, in the driver and in each Ray worker;
-    # the CPU platform plugin does nothing unless VERL_PLATFORM=cpu (recipe/darl/platform_cpu.py)
-    entry_points={"verl.plugins": ["darl_cpu = recipe.darl.platform_cpu", "darl_rollout = recipe.darl.rollout"]},
+    # the CPU platform plugin does nothing unless VERL_PLATFORM=cpu (recipe/darl/cpu/platform.py)
+    entry_points={"verl.plugins": ["darl_cpu = recipe.darl.cpu.platform", "darl_rollout = recipe.darl.cpu.rollout"]},
 )

@@ -39,8 +39,8 @@ def state_equal():
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> str:
-    """The tiny Qwen3 model and tokenizer (recipe.darl.tiny_model, seed 0), built once per session."""
-    from recipe.darl.tiny_model import build_tiny_model
+    """The tiny Qwen3 model and tokenizer (recipe.darl.example.tiny_model, seed 0), built once per session."""
+    from recipe.darl.example.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"), seed=0)
 

@@ -16,7 +16,7 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from .config_check import validate_or_raise
+from .glue.config_check import validate_or_raise
 
 SEED_PLUS_KEYS = ("+replay.", "+algorithm.rollout_is=", "+algorithm.rollout_is_threshold=")
 
@@ -38,7 +38,7 @@ class DarlTaskRunner:
         from verl.utils.dataset.rl_dataset import collate_fn
         from verl.utils.fs import copy_to_local
 
-        from .trainer import DarlTrainer
+        from .trainers.one_step_off import DarlTrainer
 
         print(f"DarlTaskRunner on {socket.gethostname()}, pid {os.getpid()}")
         OmegaConf.resolve(config)

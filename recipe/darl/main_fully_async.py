@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from .config_check import fully_async_findings
+from .glue.config_check import fully_async_findings
 from .main_darl import prepare_config, rewrite_seed_overrides, run_or_print
 
 
@@ -19,7 +19,7 @@ from .main_darl import prepare_config, rewrite_seed_overrides, run_or_print
 def main(config: DictConfig) -> None:
     from verl.experimental.reward_loop import migrate_legacy_reward_impl
 
-    from .task_runner_fully_async import DarlFullyAsyncTaskRunner
+    from .trainers.fully_async_runner import DarlFullyAsyncTaskRunner
 
     prepare_config(config)
     for warning in fully_async_findings(config)[1]:

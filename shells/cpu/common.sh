@@ -45,7 +45,7 @@ darl_cpu_setup() {
     RESUME_MODE="${RESUME_MODE:-auto}"
 
     DARL_CPU_ARGS=(
-        # the CPU platform (recipe/darl/platform_cpu.py, cpu_overrides): gloo, sdpa, fsdp2, no compile, fp32
+        # the CPU platform (recipe/darl/cpu/platform.py, cpu_overrides): gloo, sdpa, fsdp2, no compile, fp32
         trainer.device=cpu
         ++actor_rollout_ref.model.override_config.attn_implementation=sdpa
         actor_rollout_ref.actor.strategy=fsdp2
@@ -63,7 +63,7 @@ darl_cpu_setup() {
         # the "hf" rollout (transformers on CPU) and weight sync through the Ray object store
         actor_rollout_ref.rollout.name=hf
         actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store
-        ++actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.rollout
+        ++actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.cpu.rollout
         actor_rollout_ref.rollout.tensor_model_parallel_size=1
         actor_rollout_ref.rollout.dtype=float32
         reward.num_workers=1

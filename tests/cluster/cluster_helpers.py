@@ -160,7 +160,7 @@ def check_verl_validation(fam) -> None:
 
 
 def build_tiny_model_fallback(path: Path) -> str:
-    """A tiny Qwen3 with a character-level tokenizer (only if recipe.darl.tiny_model is missing)."""
+    """A tiny Qwen3 with a character-level tokenizer (only if recipe.darl.example.tiny_model is missing)."""
     import string
 
     import torch

@@ -29,7 +29,7 @@ def checks():
 def tiny_model(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("tiny_model")
     try:
-        from recipe.darl.tiny_model import build_tiny_model
+        from recipe.darl.example.tiny_model import build_tiny_model
     except ImportError:
         return build_tiny_model_fallback(path)
     return build_tiny_model(path)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from recipe.darl.example.arithmetic import make_problems, records, write_parquet
-from recipe.darl.tiny_model import build_tiny_model
+from recipe.darl.example.tiny_model import build_tiny_model
 
 REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):

@@ -4,7 +4,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipe.darl.example.arithmetic import compute_score, make_problems, records, solution_text, write_parquet
-from recipe.darl.tiny_model import build_tiny_model
+from recipe.darl.example.tiny_model import build_tiny_model
 
 
 @pytest.mark.parametrize(

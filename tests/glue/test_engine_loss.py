@@ -211,7 +211,7 @@ def test_tiny_model(tiny_model_path, tmp_path):
     """The model under test: Qwen3, vocab_size == len(tokenizer), character tokens, ChatML, deterministic."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from recipe.darl.tiny_model import build_tiny_model
+    from recipe.darl.example.tiny_model import build_tiny_model
 
     config = AutoConfig.from_pretrained(tiny_model_path)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
@@ -307,7 +307,7 @@ class _Engine:
         torch.set_num_threads(1)
         from verl.workers.config import FSDPActorConfig
 
-        from recipe.darl.actor_loss import darl_loss
+        from recipe.darl.glue.actor_loss import darl_loss
 
         self.model_path = model_path
         self.tensors = tensors

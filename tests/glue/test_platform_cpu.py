@@ -1,4 +1,4 @@
-"""The CPU platform plugin (recipe/darl/platform_cpu.py): chosen by VERL_PLATFORM=cpu, inert without it.
+"""The CPU platform plugin (recipe/darl/cpu/platform.py): chosen by VERL_PLATFORM=cpu, inert without it.
 
 verl fixes its platform when it is first asked for, in each process, so every check runs verl in a
 fresh process (conftest.py): one with VERL_PLATFORM=cpu that probes verl's device layer and then
@@ -29,7 +29,7 @@ import verl.utils.distributed as distributed
 model_path, out_file = sys.argv[1], sys.argv[2]
 p = get_platform()
 out = {
-    "plugin_loaded": "recipe.darl.platform_cpu" in sys.modules,
+    "plugin_loaded": "recipe.darl.cpu.platform" in sys.modules,
     "registered": list(PlatformRegistry.registered_names()),
     "detected": _detect_platform_name(),
     "class": f"{type(p).__module__}.{type(p).__name__}",
@@ -132,7 +132,7 @@ from verl.plugin.platform.platform_manager import _detect_platform_name
 import verl.utils.distributed as distributed
 
 print(json.dumps({
-    "plugin_loaded": "recipe.darl.platform_cpu" in sys.modules,
+    "plugin_loaded": "recipe.darl.cpu.platform" in sys.modules,
     "registered": list(PlatformRegistry.registered_names()),
     "detected": _detect_platform_name(),
     "engine_device_env": os.environ.get("VERL_ENGINE_DEVICE"),
@@ -152,7 +152,7 @@ def active(run_python, tiny_model_path, tmp_path_factory):
 
 def test_entry_point_is_registered():
     eps = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
-    assert eps.get("darl_cpu") == "recipe.darl.platform_cpu", (
+    assert eps.get("darl_cpu") == "recipe.darl.cpu.platform", (
         "run `pip install --no-deps --no-build-isolation -e .` so setup.py's entry point is registered"
     )
 
@@ -161,7 +161,7 @@ def test_verl_platform_cpu_selects_the_cpu_platform(active):
     assert active["plugin_loaded"]
     assert active["registered"] == BUILTIN_PLATFORMS + ["cpu"]
     assert active["detected"] == "cpu"
-    assert active["class"] == "recipe.darl.platform_cpu.PlatformCPU"
+    assert active["class"] == "recipe.darl.cpu.platform.PlatformCPU"
     assert active["device_name"] == "cpu"
     assert active["backend"] == "gloo"
     assert active["ray_resource"] == "CPU"
@@ -214,7 +214,7 @@ def test_cpu_overrides_compose_with_verls_trainer_config(tiny_model_path):
     from hydra import compose, initialize_config_module
     from verl.utils.config import omega_conf_to_dataclass
 
-    from recipe.darl.platform_cpu import cpu_overrides
+    from recipe.darl.cpu.platform import cpu_overrides
 
     overrides = cpu_overrides(ray_gpus=4) + [
         f"actor_rollout_ref.model.path={tiny_model_path}",

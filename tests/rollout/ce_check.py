@@ -36,7 +36,7 @@ class Host:
 
     def __init__(self):
         torch.set_num_threads(1)
-        from recipe.darl.checkpoint_engine_ray import RayObjectStoreCheckpointEngine
+        from recipe.darl.cpu.checkpoint_engine_ray import RayObjectStoreCheckpointEngine
 
         self.cls = RayObjectStoreCheckpointEngine
         self.engines = {}
@@ -60,7 +60,7 @@ class Host:
 
 def sync(trainers, rollouts, version, delay=0.0):
     """trainers/rollouts: (host, key) pairs; verl's CheckpointEngineManager sequence."""
-    from recipe.darl.checkpoint_engine_ray import RayObjectStoreCheckpointEngine as Engine
+    from recipe.darl.cpu.checkpoint_engine_ray import RayObjectStoreCheckpointEngine as Engine
 
     everyone = trainers + rollouts
     metadata = ray.get([h.call.remote(k, "prepare") for h, k in everyone])
@@ -103,7 +103,7 @@ def main():
                              "actor_ranks": actor_ranks, "rollout_ranks": rollout_ranks})
 
     # a receiver whose sender never comes fails after timeout_s instead of hanging
-    from recipe.darl.checkpoint_engine_ray import RayObjectStoreCheckpointEngine as Engine
+    from recipe.darl.cpu.checkpoint_engine_ray import RayObjectStoreCheckpointEngine as Engine
 
     metadata = ray.get([trainer_host.call.remote("t0", "prepare"), rollout_host.call.remote("lonely", "prepare")])
     _, rollout_kwargs = Engine.build_topology(1, 1, metadata)

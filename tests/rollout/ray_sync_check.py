@@ -62,7 +62,7 @@ def make_config(model_path: str):
         "actor_rollout_ref.rollout.calculate_log_probs=True",
         "actor_rollout_ref.rollout.free_cache_engine=False",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store",
-        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.rollout",
+        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.cpu.rollout",
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
         "actor_rollout_ref.hybrid_engine=False",
         "trainer.device=cpu",
@@ -109,7 +109,7 @@ def _worker_facts(worker):
     return {
         "adapter": type(worker.server_adapter).__module__ + "." + type(worker.server_adapter).__name__,
         "engine": type(worker.checkpoint_engine).__name__,
-        "plugin_loaded": "recipe.darl.rollout" in _sys.modules,
+        "plugin_loaded": "recipe.darl.cpu.rollout" in _sys.modules,
         "has_server": worker.server_adapter.server_handle is not None,
     }
 

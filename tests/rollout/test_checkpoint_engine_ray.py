@@ -1,4 +1,4 @@
-"""The ray_object_store checkpoint engine (recipe/darl/checkpoint_engine_ray.py).
+"""The ray_object_store checkpoint engine (recipe/darl/cpu/checkpoint_engine_ray.py).
 
 The transfer runs over plain Ray actors in a fresh process (ce_check.py): verl's protocol by hand, many
 small buckets, odd dtypes and shapes, two trainer ranks, two receivers, flow control, a timeout.
@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 def test_registered_and_topology():
     from verl.checkpoint_engine import CheckpointEngineRegistry
 
-    from recipe.darl.checkpoint_engine_ray import BACKEND, RayObjectStoreCheckpointEngine
+    from recipe.darl.cpu.checkpoint_engine_ray import BACKEND, RayObjectStoreCheckpointEngine
 
     assert BACKEND == "ray_object_store"
     assert CheckpointEngineRegistry.get(BACKEND) is RayObjectStoreCheckpointEngine
@@ -42,7 +42,7 @@ def test_imports_go_one_way():
     imports both packages in every process, so sys.modules cannot tell."""
     import ast
 
-    import recipe.darl.checkpoint_engine_ray as engine
+    import recipe.darl.cpu.checkpoint_engine_ray as engine
 
     names = set()
     for node in ast.walk(ast.parse(Path(engine.__file__).read_text())):
@@ -51,6 +51,7 @@ def test_imports_go_one_way():
             names.add(node.module or "")
         elif isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
-    assert not [n for n in names if n.startswith("recipe.darl.rollout") or n in ("recipe.darl", "rollout")], names
+    back = [n for n in names if n.startswith(("recipe.darl.cpu.rollout", "rollout.")) or n == "rollout"]
+    assert not back, back
     rollout_source = (Path(engine.__file__).parent / "rollout" / "__init__.py").read_text()
     assert "checkpoint_engine_ray" in rollout_source  # the one direction that remains

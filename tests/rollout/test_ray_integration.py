@@ -5,7 +5,7 @@ its `CheckpointEngineWorker` (hf server adapter, ray_object_store checkpoint eng
 a real FSDP2 trainer worker (verl's `DetachActorWorker`) syncs its weights with verl's
 `CheckpointEngineManager`; generation goes through verl's `LLMServerClient` and load balancer.
 
-The registration travels as the ``verl.plugins`` entry point ``darl_rollout = recipe.darl.rollout``.
+The registration travels as the ``verl.plugins`` entry point ``darl_rollout = recipe.darl.cpu.rollout``.
 When the installed package does not declare it yet, the test declares exactly that entry point in a
 throw-away distribution on PYTHONPATH, which every process of the run (Ray workers included) sees.
 """
@@ -17,12 +17,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ENTRY_POINT = "darl_rollout = recipe.darl.rollout"
+ENTRY_POINT = "darl_rollout = recipe.darl.cpu.rollout"
 TOL = 1e-5
 
 
 def _plugin_env(tmp_path) -> dict[str, str]:
-    if any(ep.value == "recipe.darl.rollout" for ep in entry_points(group="verl.plugins")):
+    if any(ep.value == "recipe.darl.cpu.rollout" for ep in entry_points(group="verl.plugins")):
         return {}
     dist = tmp_path / "site" / "darl_rollout_probe-0.dist-info"
     dist.mkdir(parents=True)
@@ -37,7 +37,7 @@ def test_standalone_rollout_and_weight_sync_through_verl(run_script, tiny_model_
 
     # wiring: verl found the replica, the adapter and the checkpoint engine by their names
     assert out["replica_class"] == "HFReplica"
-    assert out["worker_facts"] == {"adapter": "recipe.darl.rollout.hf_adapter.HFServerAdapter",
+    assert out["worker_facts"] == {"adapter": "recipe.darl.cpu.rollout.hf_adapter.HFServerAdapter",
                                    "engine": "RayObjectStoreCheckpointEngine", "plugin_loaded": True,
                                    "has_server": True}
     assert out["server_addresses"][0].startswith("hf://")

@@ -18,7 +18,7 @@ STEPS = 4
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from recipe.darl.tiny_model import build_tiny_model
+    from recipe.darl.example.tiny_model import build_tiny_model
 
     torch.set_num_threads(1)
     return build_tiny_model(tmp_path_factory.mktemp("staleness") / "model", seed=0, hidden_size=64)

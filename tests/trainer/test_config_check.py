@@ -3,7 +3,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.darl.config_check import ConfigError, apply_seed_aliases, check_config, validate_or_raise
+from recipe.darl.glue.config_check import ConfigError, apply_seed_aliases, check_config, validate_or_raise
 from recipe.darl.main_darl import rewrite_seed_overrides
 
 REPLAY_ON = ("replay.enable=true", "algorithm.rollout_correction.bypass_mode=false")

@@ -16,10 +16,10 @@ from omegaconf import OmegaConf
 from ray import cloudpickle
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from recipe.darl.config_check import apply_seed_aliases, check_config, fully_async_findings, validate_or_raise
+from recipe.darl.glue.config_check import apply_seed_aliases, check_config, fully_async_findings, validate_or_raise
 from recipe.darl.core import ReplayBuffer, ReplayConfig
-from recipe.darl.task_runner_fully_async import DarlFullyAsyncTaskRunner
-from recipe.darl.trainer_fully_async import DarlFullyAsyncTrainer, DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase
+from recipe.darl.trainers.fully_async_runner import DarlFullyAsyncTaskRunner
+from recipe.darl.trainers.fully_async import DarlFullyAsyncTrainer, DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase
 
 from test_trainer_hooks import make_trainer, run_step, uids
 

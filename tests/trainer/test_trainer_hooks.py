@@ -16,9 +16,9 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl import DataProto
 
-from recipe.darl.config_check import validate_or_raise
+from recipe.darl.glue.config_check import validate_or_raise
 from recipe.darl.core import ReplayBuffer, ReplayConfig
-from recipe.darl.trainer import BUFFER_FILE, DarlTrainer
+from recipe.darl.trainers.one_step_off import BUFFER_FILE, DarlTrainer
 
 
 class StandInActor:

@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..tiny_model import build_tiny_model
+from .tiny_model import build_tiny_model
 from .arithmetic import make_problems, records, write_parquet
 from .warm_start import warm_start
 

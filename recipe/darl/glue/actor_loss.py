@@ -20,7 +20,7 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.config import ActorConfig
 from verl.workers.utils.padding import no_padding_2_padding
 
-from .core.loss import darl_policy_loss
+from ..core.loss import darl_policy_loss
 
 BATCH_KEYS = ("darl_log_denominator", "darl_token_coef", "darl_clip_low", "darl_clip_high")
 

@@ -17,7 +17,7 @@ Two things verl 0.9.1 does not make easy, and how they are handled:
   then carry a by-value copy of `FullyAsyncTrainer` in their zero-argument `super()` cells. This module is
   therefore pickled by value as well, so the copy is also the base class the worker builds (else `super()`
   fails there: "obj must be an instance or subtype of type"). The task runner, which must be pickled by
-  reference (it swaps a global of verl's module), lives in `task_runner_fully_async`.
+  reference (it swaps a global of verl's module), lives in `fully_async_runner`.
 
 Resume: verl saves the actor and the rollouter's dataloader at `global_step_{current_param_version}`. The
 replay buffer is written there too, and so are the samples waiting in the MessageQueue (generated, not yet
@@ -37,7 +37,7 @@ import torch
 from ray import cloudpickle
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
-from .replay_mixin import ReplayStepMixin
+from ..glue.replay_mixin import ReplayStepMixin
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

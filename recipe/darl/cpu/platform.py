@@ -5,8 +5,8 @@ module changes nothing: no platform is registered, no environment variable is se
 patched, and verl's platform auto-detection is exactly as shipped.
 
 It loads in every process that imports verl (driver and Ray workers) through the setuptools entry
-point ``verl.plugins: darl_cpu = recipe.darl.platform_cpu`` (setup.py), which ``verl/__init__.py``
-imports. ``VERL_USE_EXTERNAL_MODULES=recipe.darl.platform_cpu`` works too where the package is not
+point ``verl.plugins: darl_cpu = recipe.darl.cpu.platform`` (setup.py), which ``verl/__init__.py``
+imports. ``VERL_USE_EXTERNAL_MODULES=recipe.darl.cpu.platform`` works too where the package is not
 installed. ``VERL_PLATFORM`` must be in the environment before Ray starts (Ray workers inherit the
 driver's environment), and verl then selects the platform by that name
 (``verl/plugin/platform/platform_manager.py::_detect_platform_name``).

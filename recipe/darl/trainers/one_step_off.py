@@ -1,4 +1,4 @@
-"""D-ARL on verl's one-step-off trainer: `ReplayStepMixin` (recipe/darl/replay_mixin.py) over
+"""D-ARL on verl's one-step-off trainer: `ReplayStepMixin` (recipe/darl/glue/replay_mixin.py) over
 `OneStepOffRayTrainer`. Every fresh batch is one version old; replay adds groups up to K versions old.
 With `replay.enable=false` this is verl's one-step-off trainer.
 """
@@ -9,7 +9,7 @@ import os
 
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
-from .replay_mixin import BUFFER_FILE, ReplayStepMixin
+from ..glue.replay_mixin import BUFFER_FILE, ReplayStepMixin
 
 __all__ = ["BUFFER_FILE", "DarlTrainer"]
 

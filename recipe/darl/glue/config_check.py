@@ -13,8 +13,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .core import group_multiple
-from .core.config import ReplayConfig
+from ..core import group_multiple
+from ..core.config import ReplayConfig
 
 VERL_DEFAULT_THRESHOLD = 2.0
 GROUP_ESTIMATORS = {"grpo", "rloo", "grpo_passk", "opo", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline"}

@@ -17,8 +17,8 @@ import torch
 from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
-from .core import BatchWeights, Group, Selection, StepCandidates, batch_weights, clip_ranges, gather_recorded
-from .core.config import ReplayConfig
+from ..core import BatchWeights, Group, Selection, StepCandidates, batch_weights, clip_ranges, gather_recorded
+from ..core.config import ReplayConfig
 
 # tensor keys of a generated batch that groups can rebuild; any other key is an error, not a silent drop
 REBUILT_KEYS = {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",

@@ -27,8 +27,8 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.fs import local_mkdir_safe
 
 from .actor_loss import darl_loss
-from .core import Group, ReplayBuffer, Selection, StepCandidates, group_multiple, group_scores, sample_chi2, select_groups
-from .core.config import ReplayConfig
+from ..core import Group, ReplayBuffer, Selection, StepCandidates, group_multiple, group_scores, sample_chi2, select_groups
+from ..core.config import ReplayConfig
 from .replay_step import batch_from_groups, groups_from_batch, loss_inputs, replay_metrics
 
 BUFFER_FILE = "darl_replay.pt"

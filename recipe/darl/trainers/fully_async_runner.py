@@ -3,7 +3,7 @@
 `FullyAsyncTaskRunner._create_trainer` names `FullyAsyncTrainer` from its module, so the runner points that
 name at `DarlFullyAsyncTrainer` for the duration of the call. The runner must reach the Ray worker by
 reference, so that verl's `_create_trainer` there reads the real module's globals: it cannot live in the
-trainer's module (pickled by value, trainer_fully_async.py says why) nor in the entry point (run as
+trainer's module (pickled by value, fully_async.py says why) nor in the entry point (run as
 `__main__`, which cloudpickle also ships by value).
 """
 
@@ -31,7 +31,7 @@ class DarlFullyAsyncTaskRunnerImpl(FullyAsyncTaskRunnerBase):
     """verl's fully-async task runner, building the D-ARL trainer."""
 
     def _create_trainer(self, config) -> None:
-        from .trainer_fully_async import DarlFullyAsyncTrainer
+        from .fully_async import DarlFullyAsyncTrainer
 
         with _trainer_class(DarlFullyAsyncTrainer):
             super()._create_trainer(config)

@@ -7,7 +7,7 @@ whichever process imports it:
   `LLMServerManager` (the task runner, or any process that builds rollout servers);
 - ``_ROLLOUT_REGISTRY[("hf", "async")]`` -> `hf_adapter.HFServerAdapter`, looked up by verl's
   `CheckpointEngineWorker` (standalone/colocated rollout workers) and `ActorRolloutRefWorker` (hybrid);
-- the "ray_object_store" checkpoint engine (`recipe.darl.checkpoint_engine_ray`), for weight sync: the CPU
+- the "ray_object_store" checkpoint engine (`recipe.darl.cpu.checkpoint_engine_ray`), for weight sync: the CPU
   scripts name this package as `checkpoint_engine.custom_backend_module`, so verl's rollout workers import
   it (and with it both registrations) before they look the engine and the adapter up. Imports go one way:
   this package imports the engine's module, never the reverse.
@@ -16,8 +16,8 @@ Each registration runs as soon as verl's package holding the registry (``verl.wo
 ``verl.checkpoint_engine``) has been imported, or at once if it already is.
 
 verl imports every ``verl.plugins`` entry point in each process that imports verl (driver, task runner,
-Ray workers), so the setuptools entry point ``darl_rollout = recipe.darl.rollout`` makes the
-registration happen everywhere; ``VERL_USE_EXTERNAL_MODULES=recipe.darl.rollout`` does the same
+Ray workers), so the setuptools entry point ``darl_rollout = recipe.darl.cpu.rollout`` makes the
+registration happen everywhere; ``VERL_USE_EXTERNAL_MODULES=recipe.darl.cpu.rollout`` does the same
 without the installed entry point.
 
 Pieces: `hf_engine` (sampling, KV-cached batched decoding; pure torch), `hf_server` (the Ray actor),
@@ -33,7 +33,7 @@ import sys
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "hf"
-ADAPTER_FQN = "recipe.darl.rollout.hf_adapter.HFServerAdapter"
+ADAPTER_FQN = "recipe.darl.cpu.rollout.hf_adapter.HFServerAdapter"
 
 
 def _load_replica():
@@ -53,7 +53,7 @@ def register() -> None:
 
 def register_checkpoint_engine() -> None:
     """Register the "ray_object_store" checkpoint engine (importing its module registers it)."""
-    from recipe.darl import checkpoint_engine_ray  # noqa: F401
+    from recipe.darl.cpu import checkpoint_engine_ray  # noqa: F401
 
 
 # Registration waits until verl imports the registries' packages itself. Every verl worker imports them
@@ -77,7 +77,7 @@ class _RunAfterExec(importlib.abc.Loader):
         try:
             self._callback()
         except Exception:  # verl's plugin loader would hide it; say it loudly, keep verl importable
-            logger.exception("recipe.darl.rollout: registering with %s failed", module.__name__)
+            logger.exception("recipe.darl.cpu.rollout: registering with %s failed", module.__name__)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
@@ -104,7 +104,7 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
 def _install() -> None:
     # the CPU platform first (a no-op without VERL_PLATFORM=cpu): entry points load in no fixed order,
     # and nothing this plugin triggers may resolve verl's platform before it is registered
-    from recipe.darl import platform_cpu  # noqa: F401
+    from recipe.darl.cpu import platform  # noqa: F401
 
     if not any(isinstance(finder, _AfterImportFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _AfterImportFinder())
