@@ -1,7 +1,8 @@
 """The fully-async D-ARL trainer without Ray: its config against the installed verl's fully-async yaml,
 the checks of the fully-async keys, and the shared replay step on `FullyAsyncTrainer`'s hooks (versions
 are parameter versions, the budget is ppo_mini_batch_size * require_batches, the buffer survives
-verl's own `load_checkpoint`). The whole pipeline on CPU is not tested yet (docs/trainer.md)."""
+verl's own `load_checkpoint`), and the actor classes as Ray ships them. The whole pipeline runs in
+tests/e2e/test_cpu_fully_async.py."""
 
 from __future__ import annotations
 
