@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# docs/cpu.md's comparison of the two trainers: the example's `_pmis_sg` configuration on CPU through
+# one-step-off and through fully-async (verl's defaults for the CPU scripts: 16 prompts per step, weight
+# sync every step, staleness_threshold 2), one seed each; then a table of step time, trained staleness,
+# validation accuracy and verl's idle ratios.
+#   bash benchmarks/cpu_trainers.sh [OUT]        (default runs/cpu_trainers; STEPS [20]; about 15 min on 2 cores)
+set -euo pipefail
+OUT="$(realpath -m "${1:-runs/cpu_trainers}")"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mkdir -p "$OUT"
+for kind in one_step_off fully_async; do
+    OUT_DIR="$OUT/$kind" STEPS="${STEPS:-20}" TEST_FREQ=10 SAVE_FREQ=1000 RESUME_MODE=disable \
+        bash "$ROOT/shells/cpu/${kind}_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh" > "$OUT/$kind.log" 2>&1 \
+        || { echo "$kind failed: $OUT/$kind.log"; exit 1; }
+done
+PYTHONPATH="$ROOT" "${PYTHON:-$ROOT/.venv/bin/python}" - "$OUT" <<'PY'
+import statistics
+import sys
+from pathlib import Path
+from recipe.darl.demo import VAL_KEY
+from recipe.darl.plot import read_log
+out = Path(sys.argv[1])
+print("| trainer | median step s | trained staleness (share of groups) | mean | val accuracy at step | trainer idle | rollouter idle |")
+print("|---|---|---|---|---|---|---|")
+for kind in ("one_step_off", "fully_async"):
+    log = read_log(out / kind / "metrics.jsonl")
+    times = [v for s, v in log.get("perf/time_per_step", []) if s > 2]
+    buckets = {k: series for k, series in log.items() if k.startswith("replay/staleness_hist/s")}
+    steps = {s for series in buckets.values() for s, _ in series}  # steps that trained: shares sum to 1 there
+    hist = {int(k.rsplit("/s", 1)[1]): sum(v for _, v in series) / len(steps) for k, series in buckets.items()}
+    shares = ", ".join(f"{s}: {hist[s]:.2f}" for s in sorted(hist))
+    mean = statistics.mean(v for _, v in log.get("replay/staleness_mean", [(0, float("nan"))]))
+    accs = ", ".join(f"{s}: {a:.3f}" for s, a in log.get(VAL_KEY, []))
+    idle = [statistics.mean(v for _, v in log[k]) if k in log else float("nan")
+            for k in ("fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio")]
+    idle_text = ["-" if x != x else f"{x:.2f}" for x in idle]  # one-step-off logs no idle ratios
+    print(f"| {kind} | {statistics.median(times):.2f} | {shares} | {mean:.2f} | {accs} | {idle_text[0]} | {idle_text[1]} |")
+PY
