@@ -37,7 +37,10 @@ def test_fully_async_scripts_resolve_to_the_seed_configurations(where, tmp_path)
         else:
             assert at["trigger_parameter_sync_step"] == 1 and at["staleness_threshold"] == 2
             assert cfg["actor_rollout_ref"]["rollout"]["name"] == "hf" and cfg["trainer"]["device"] == "cpu"
-            assert cfg["rollout"]["total_rollout_steps"] == 5 * 8  # STEPS x prompts per step
+            # STEPS x prompts per step (mini-batch 8 x require_batches 2, the one-step-off scripts' 16)
+            assert at["require_batches"] == 2 and cfg["rollout"]["total_rollout_steps"] == 5 * 16
+            assert cfg["ray_kwargs"]["ray_init"]["num_cpus"] == 32  # verl's fully-async actors ask for 23
+            assert cfg["actor_rollout_ref"]["rollout"]["checkpoint_engine"]["custom_backend_module"] == "recipe.darl.cpu.rollout"
         if variant == "async":
             assert corr["bypass_mode"] is True and replay["enable"] is False
         elif variant == "decoupled":
