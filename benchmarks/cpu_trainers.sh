@@ -3,7 +3,7 @@
 # one-step-off and through fully-async (verl's defaults for the CPU scripts: 16 prompts per step, weight
 # sync every step, staleness_threshold 2), one seed each; then a table of step time, trained staleness,
 # validation accuracy and verl's idle ratios.
-#   bash benchmarks/cpu_trainers.sh [OUT]        (default runs/cpu_trainers; STEPS [20]; about 15 min on 2 cores)
+#   bash benchmarks/cpu_trainers.sh [OUT]        (default runs/cpu_trainers; STEPS [20]; about 5 min on 2 cores)
 set -euo pipefail
 OUT="$(realpath -m "${1:-runs/cpu_trainers}")"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
