@@ -28,6 +28,9 @@ benign --staleness 1 --methods darl decoupled
 benign --staleness 4 --methods sync equal_update
 # ablations of the preset, one seed, stress regime (the others in run_study.METHODS were not run for lack of time)
 stress --staleness 8 --seeds 0 --methods darl_no_bclip darl_no_m2 gates_only bclip_only
+# the controls without replay, all seeds in both regimes (added after the ablations: gates_only matched the preset)
+stress --staleness 8 --methods gates_only
+benign --staleness 4 --methods gates_only
 benign --report-only
 stress --report-only
 "$PY" -m benchmarks.staleness.targets --benign "$OUT/benign" --stress "$OUT/stress" --out "$OUT/targets.md"
