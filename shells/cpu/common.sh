@@ -56,8 +56,8 @@ darl_cpu_setup() {
         ++actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32
         ++actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32
         # Ray: logical GPUs for verl's resource check (1 trainer + 1 rollout process), the workers ask for CPUs
+        # (logical CPUs: set by each run function below)
         ++ray_kwargs.ray_init.num_gpus=4
-        ++ray_kwargs.ray_init.num_cpus=16
         trainer.n_gpus_per_node=1
         rollout.n_gpus_per_node=1
         # the "hf" rollout (transformers on CPU) and weight sync through the Ray object store
@@ -110,7 +110,8 @@ darl_cpu_setup() {
 }
 
 darl_cpu_run() {
-    "$PYTHON" -m recipe.darl.main_darl "${DARL_CPU_ARGS[@]}" "$@"
+    # the one-step-off task runner alone asks for 10 logical CPUs
+    "$PYTHON" -m recipe.darl.main_darl "${DARL_CPU_ARGS[@]}" ++ray_kwargs.ray_init.num_cpus=16 "$@"
 }
 
 # verl's fully-async pipeline on the same example: a rollouter streams groups into verl's MessageQueue; each
@@ -120,8 +121,8 @@ darl_cpu_run() {
 darl_cpu_fully_async_run() {
     local require="${REQUIRE_BATCHES:-2}" sync="${SYNC_STEPS:-1}"
     # verl's fully-async actors ask for logical CPUs: task runner 1, trainer 10, rollouter 10, queue 2, workers
-    local args=("${DARL_CPU_ARGS[@]/#++ray_kwargs.ray_init.num_cpus=*/++ray_kwargs.ray_init.num_cpus=32}")
-    "$PYTHON" -m recipe.darl.main_fully_async "${args[@]}" \
+    "$PYTHON" -m recipe.darl.main_fully_async "${DARL_CPU_ARGS[@]}" \
+        ++ray_kwargs.ray_init.num_cpus=32 \
         data.train_batch_size=0 \
         "rollout.total_rollout_steps=$((STEPS * MINI_BATCH_SIZE * require))" \
         "async_training.require_batches=$require" \

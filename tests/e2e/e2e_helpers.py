@@ -1,9 +1,13 @@
-"""What both end-to-end tests build: an untrained tiny model with a dense reward (share of digits in the
-response), so groups have non-zero advantages from the first step, and verl's file-logger reader."""
+"""What both end-to-end tests build and run: an untrained tiny model with a dense reward (share of digits in
+the response), so groups have non-zero advantages from the first step; a CPU launch script run on it; verl's
+file-logger reader."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from recipe.darl.example.arithmetic import make_problems, records, write_parquet
@@ -33,3 +37,19 @@ def read_log(path: Path) -> dict[int, dict]:
         record = json.loads(line)
         steps.setdefault(record["step"], {}).update(record["data"])
     return steps
+
+
+K = 3  # replay window of both end-to-end tests
+
+
+def run_script(script: Path, inputs: dict[str, str], root: Path, log: str, env: dict[str, str], *overrides: str,
+               timeout: int) -> subprocess.CompletedProcess:
+    """Runs a CPU launch script on `inputs` (outputs in root/out, verl's file logger in root/log) with replay
+    K = 3, no warmup and responses of <= 12 tokens; asserts it succeeded, showing its output's tail if not."""
+    run_env = dict(os.environ, MODEL_PATH=inputs["MODEL_PATH"], TRAIN_FILES=inputs["TRAIN_FILES"],
+                   VAL_FILES=inputs["VAL_FILES"], OUT_DIR=str(root / "out"), VERL_FILE_LOGGER_PATH=str(root / log),
+                   N_RESPONSES="4", MINI_BATCH_SIZE="2", PYTHON=sys.executable, **env)
+    args = [inputs["reward"], f"replay.k={K}", "replay.warmup=0", "data.max_response_length=12", *overrides]
+    done = subprocess.run(["bash", str(script), *args], env=run_env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done

@@ -6,19 +6,16 @@ digits in the response), so groups have non-zero advantages from the first step.
 from __future__ import annotations
 
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from e2e_helpers import build_inputs, read_log
+from e2e_helpers import build_inputs, read_log, run_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "shells" / "cpu" / "fully_async_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"
-K = 3
 STEPS = 4
 
 
@@ -26,28 +23,19 @@ STEPS = 4
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e_fa")
     inputs = build_inputs(root)
-    model = inputs["MODEL_PATH"]
     out = root / "out"
 
     def run(log: str, *extra: str) -> subprocess.CompletedProcess:
-        env = dict(os.environ, MODEL_PATH=model, TRAIN_FILES=inputs["TRAIN_FILES"], VAL_FILES=inputs["VAL_FILES"],
-                   OUT_DIR=str(out),
-                   VERL_FILE_LOGGER_PATH=str(root / log), STEPS=str(STEPS), TEST_FREQ="2", SAVE_FREQ="2",
-                   MINI_BATCH_SIZE="2", REQUIRE_BATCHES="1", N_RESPONSES="4", STALENESS_THRESHOLD="2",
-                   PYTHON=sys.executable)
-        overrides = [inputs["reward"], f"replay.k={K}",
-                     "replay.warmup=0", "data.max_response_length=12",
-                     "trainer.max_actor_ckpt_to_keep=null", *extra]  # the step-2 actor must survive step 4's save
-        return subprocess.run(["bash", str(SCRIPT), *overrides], env=env, capture_output=True, text=True, timeout=900)
+        env = dict(STEPS=str(STEPS), TEST_FREQ="2", SAVE_FREQ="2", REQUIRE_BATCHES="1", STALENESS_THRESHOLD="2")
+        # the step-2 actor must survive step 4's save
+        return run_script(SCRIPT, inputs, root, log, env, "trainer.max_actor_ckpt_to_keep=null", *extra, timeout=900)
 
     first = run("run1.jsonl", "trainer.resume_mode=auto")
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     step2 = out / "checkpoints" / "global_step_2"
     saved = torch.load(step2 / "darl_replay.pt", weights_only=False)["replay"]
     queued = torch.load(step2 / "darl_queue.pt", weights_only=False)["samples"]
     # a preemption after the step-2 checkpoint: resume from it while the first run's later steps are ignored
     second = run("run2.jsonl", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={step2}")
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     return {"out": out, "first": first, "second": second, "saved": saved, "queued": queued, "step2": step2,
             "log1": read_log(root / "run1.jsonl"), "log2": read_log(root / "run2.jsonl")}
 

@@ -77,6 +77,7 @@ def test_fully_async_checks_name_the_keys_and_numbers(compose_config):
 def test_the_ray_actor_wraps_the_replay_trainer():
     assert issubclass(DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase)
     assert DarlFullyAsyncTrainer.__ray_metadata__.modified_class.__ray_actor_class__ is DarlFullyAsyncTrainerImpl
+    assert DarlFullyAsyncTrainer._default_options == {"num_cpus": 10}  # verl's FullyAsyncTrainer resources
 
 
 CHECK_SHIPPED = """

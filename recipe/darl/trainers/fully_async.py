@@ -43,7 +43,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 FullyAsyncTrainerBase = _RemoteFullyAsyncTrainer.__ray_metadata__.modified_class.__ray_actor_class__
 QUEUE_FILE = "darl_queue.pt"
-TRAINER_NUM_CPUS = 10  # what verl's @ray.remote gives FullyAsyncTrainer
 
 
 class DarlFullyAsyncTrainerImpl(ReplayStepMixin, FullyAsyncTrainerBase):
@@ -53,6 +52,7 @@ class DarlFullyAsyncTrainerImpl(ReplayStepMixin, FullyAsyncTrainerBase):
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         self._init_replay(config)
+        self._requeued = 0  # samples put back by a resume, not yet counted by the rollouter
 
     def _replay_version(self) -> int:
         return int(self.current_param_version)
@@ -79,7 +79,7 @@ class DarlFullyAsyncTrainerImpl(ReplayStepMixin, FullyAsyncTrainerBase):
             ray.get(client.queue_actor.put_sample.remote(item))
         samples = [x for x in items if x is not None]
         os.makedirs(folder, exist_ok=True)
-        torch.save({"samples": samples, "param_version": self.current_param_version}, os.path.join(folder, QUEUE_FILE))
+        torch.save({"samples": samples}, os.path.join(folder, QUEUE_FILE))
         print(f"[D-ARL] saved {len(samples)} generated but untrained sample(s) to {folder}/{QUEUE_FILE}")
         return len(samples)
 
@@ -96,7 +96,7 @@ class DarlFullyAsyncTrainerImpl(ReplayStepMixin, FullyAsyncTrainerBase):
         return len(samples)
 
     async def _fit_update_weights(self):
-        if getattr(self, "_requeued", 0):
+        if self._requeued:
             # verl's rollouter resumes its sample count at the trained samples; the requeued ones were generated
             # too, else it would generate as many again and the run would end with more samples than configured.
             # The task runner calls this once after both load_checkpoints and before the rollouter starts.
@@ -120,4 +120,5 @@ def _count_as_generated(rollouter, n: int) -> None:
     rollouter.global_steps += n
 
 
-DarlFullyAsyncTrainer = ray.remote(num_cpus=TRAINER_NUM_CPUS)(DarlFullyAsyncTrainerImpl)
+# the resources verl's @ray.remote gives FullyAsyncTrainer (num_cpus=10 in verl 0.9.1)
+DarlFullyAsyncTrainer = ray.remote(**_RemoteFullyAsyncTrainer._default_options)(DarlFullyAsyncTrainerImpl)
