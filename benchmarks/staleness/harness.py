@@ -62,7 +62,7 @@ from recipe.darl.core import (
     gather_recorded,
     group_scores,
     sample_chi2,
-    select_groups,
+    select_for_step,
 )
 
 METHODS = ("naive", "decoupled", "darl")
@@ -314,7 +314,7 @@ class Harness:
             "response_attention": (torch.arange(width_r).unsqueeze(0) < lengths.unsqueeze(1)).long(),
             "response_mask": torch.cat([g.padded("response_mask", width_r) for g in groups]).bool(),
             "rollout_log_probs": torch.cat([g.padded("rollout_log_probs", width_r) for g in groups]),
-            "versions": torch.cat([torch.full((g.n,), g.version) for g in groups]),
+            "versions": torch.cat([g.versions for g in groups]),
             "rewards": torch.cat([g.rewards for g in groups]),
             "lengths": lengths,
             "uids": np.concatenate([np.array([g.uid] * g.n, dtype=object) for g in groups]),
@@ -356,6 +356,7 @@ class Harness:
             cands = self.buffer.begin_step(fresh, t)
             candidates = cands.candidates
             m["dropped_zero_adv"] = cands.dropped_zero_adv
+            m["success_grafted"] = cands.grafted
             m["warmup"] = float(cands.warmup)
         else:
             candidates = fresh
@@ -367,14 +368,7 @@ class Harness:
             mb_groups = cfg.prompts_per_step // cfg.minibatches
             if cfg.method == "darl" and order != "chi2":
                 # nothing to score: select first, then recompute pi_old for the selected groups only
-                ratio = rc.resolved("ratio")
-                fresh_ids = {id(g) for g in cands.fresh}
-                selection = select_groups(
-                    budget=cfg.prompts_per_step, versions=torch.tensor([g.version for g in candidates]),
-                    arrival=torch.tensor([g.seq for g in candidates]), multiple=mb_groups, min_multiple=1,
-                    order=order, reuse=torch.tensor([g.times_trained for g in candidates]),
-                    fresh=torch.tensor([id(g) in fresh_ids for g in candidates]),
-                    extra=None if ratio is None else int(round(ratio * cfg.prompts_per_step)))
+                selection = select_for_step(candidates, cands.fresh, rc, cfg.prompts_per_step, mb_groups, 1)
                 chosen = sorted(selection.selected, key=lambda i: candidates[i].seq)
                 candidates = [candidates[i] for i in chosen]
                 chosen = list(range(len(candidates)))
@@ -394,12 +388,8 @@ class Harness:
                 scores = group_scores(chi2, index, len(candidates))
                 for g, s in zip(candidates, scores.tolist()):
                     g.score = s
-                selection = select_groups(
-                    budget=cfg.prompts_per_step,
-                    versions=torch.tensor([g.version for g in candidates]),
-                    arrival=torch.tensor([g.seq for g in candidates]),
-                    scores=scores.double(), max_score=cfg.max_score, order="chi2",
-                    multiple=mb_groups, min_multiple=1)
+                selection = select_for_step(candidates, cands.fresh, rc, cfg.prompts_per_step, mb_groups, 1,
+                                            scores=scores.tolist())
                 m["candidates"] = len(candidates)
                 m["chi2_candidates"] = _finite_mean(scores)
                 # train in arrival order, as the trainer does, so mini-batches mix scores
@@ -493,7 +483,7 @@ class Harness:
             "behavior_clip_fraction": bclipped / max(kept, 1),
             "updates": len(passes),
             "trained_groups": len(groups),
-            "trained_staleness": float(np.mean([step - g.version for g in groups])),
+            "trained_staleness": float(torch.cat([step - g.versions for g in groups]).float().mean()),
             "trained_reuse": float(np.mean([g.times_trained for g in groups])),  # earlier updates on the same groups
             # share of trained groups whose pmis denominator mixes in another behavior version (0: pmis == own)
             "pmis_mixed_fraction": float(np.mean([any(j != g.version and j in weights.sources for j in g.recorded)

@@ -7,7 +7,8 @@ from .buffer import EvictionStats, Group, ReplayBuffer, StepCandidates, gather_r
 from .config import ReplayConfig
 from .loss import darl_policy_loss
 from .scoring import finite_samples, group_scores, sample_chi2
-from .selection import Selection, group_multiple, select_groups
+from .selection import Selection, group_multiple, reward_variance, select_for_step, select_groups
+from .success import Success, SuccessStore, graft
 from .weights import BatchWeights, batch_weights, behavior_log_denominator, clip_ranges, m2_gate, truncated_log_rho
 
 __all__ = [
@@ -28,6 +29,11 @@ __all__ = [
     "group_scores",
     "m2_gate",
     "sample_chi2",
+    "reward_variance",
+    "select_for_step",
     "select_groups",
+    "Success",
+    "SuccessStore",
+    "graft",
     "truncated_log_rho",
 ]

@@ -13,6 +13,7 @@ the prompt once per group, so a stored response token costs 9 bytes plus 4 per r
 from __future__ import annotations
 
 import copy
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -21,6 +22,7 @@ import torch
 
 from .config import ReplayConfig
 from .packing import pack_rows, unpack_rows
+from .success import SuccessStore
 
 
 @dataclass(eq=False)  # identity semantics: two groups are never "equal" by content
@@ -44,10 +46,25 @@ class Group:
     seq: int = -1  # arrival order across the run, set by the buffer
     times_trained: int = 0
     score: Optional[float] = None  # last chi2 group score (`rescore: lazy` reuses it)
+    # [n] int64 behavior version of each sample when they differ (a grafted success, `replay.success`);
+    # None: every sample has `version`
+    sample_versions: Optional[torch.Tensor] = None
 
     @property
     def n(self) -> int:
         return int(self.lengths.shape[0])
+
+    @property
+    def versions(self) -> torch.Tensor:
+        """[n] int64 behavior version of each sample (the multi-behavior objective's sources)."""
+        if self.sample_versions is None:
+            return torch.full((self.n,), self.version, dtype=torch.int64)
+        return self.sample_versions
+
+    @property
+    def prompt_key(self) -> str:
+        """The prompt's identity across steps and epochs (a digest of its token ids)."""
+        return hashlib.sha1(self.prompt_ids.to(torch.int32).numpy().tobytes()).hexdigest()
 
     @property
     def num_tokens(self) -> int:
@@ -125,6 +142,8 @@ class StepCandidates:
     window: list[int]  # behavior versions in the window, ascending
     warmup: bool
     dropped_zero_adv: int
+    arrived: list[Group] = field(default_factory=list)  # every fresh group, filtered or not
+    grafted: int = 0  # fresh groups that took a stored success (`replay.success`)
 
 
 @dataclass
@@ -144,14 +163,18 @@ class ReplayBuffer:
         filter_zero_adv: bool = True,
         max_reuse: Optional[int] = None,
         max_groups: Optional[int] = None,
+        success: int | bool = False,
+        success_max_age: Optional[int] = None,
     ) -> None:
         # ReplayConfig checks every value and names the key of any bad one
-        ReplayConfig(k=k, warmup=warmup, filter_zero_adv=filter_zero_adv, max_reuse=max_reuse, max_groups=max_groups)
+        ReplayConfig(k=k, warmup=warmup, filter_zero_adv=filter_zero_adv, max_reuse=max_reuse, max_groups=max_groups,
+                     success=success, success_max_age=success_max_age)
         self.k = k
         self.warmup = warmup
         self.filter_zero_adv = filter_zero_adv
         self.max_reuse = max_reuse
         self.max_groups = max_groups
+        self.successes: Optional[SuccessStore] = SuccessStore(success, success_max_age) if success else None
         self.groups: list[Group] = []  # in arrival order
         self.recent_versions: list[int] = []  # the K most recent behavior versions seen, ascending
         self.steps_done = 0
@@ -160,7 +183,8 @@ class ReplayBuffer:
 
     @classmethod
     def from_config(cls, config: ReplayConfig) -> "ReplayBuffer":
-        return cls(config.k, config.warmup, config.filter_zero_adv, config.resolved("max_reuse"), config.max_groups)
+        return cls(config.k, config.warmup, config.filter_zero_adv, config.resolved("max_reuse"), config.max_groups,
+                   config.success, config.success_max_age)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -176,8 +200,11 @@ class ReplayBuffer:
     def begin_step(self, fresh: list[Group], step: int) -> StepCandidates:
         """Candidates of a step: buffered groups in the window (none during warmup) then the fresh ones.
 
-        Stamps the fresh groups' arrival; the buffer itself changes only in `end_step`.
+        Stamps the fresh groups' arrival; with success replay, first grafts stored successes into fresh
+        groups that have none (so they pass the zero-advantage filter). The buffer itself changes only
+        in `end_step`.
         """
+        grafted = self.successes.graft_into(fresh, step) if self.successes is not None else 0
         kept: list[Group] = []
         dropped = 0
         for i, group in enumerate(fresh):
@@ -190,7 +217,7 @@ class ReplayBuffer:
         window = self.window_with([g.version for g in fresh])
         in_window = set(window)
         buffered = [] if self.in_warmup else [g for g in self.groups if g.version in in_window]
-        return StepCandidates(buffered + kept, kept, window, self.in_warmup, dropped)
+        return StepCandidates(buffered + kept, kept, window, self.in_warmup, dropped, list(fresh), grafted)
 
     def end_step(self, cands: StepCandidates, trained: list[Group]) -> EvictionStats:
         """Counts reuse of `trained`, inserts the fresh groups, evicts by window, reuse and memory cap."""
@@ -202,6 +229,8 @@ class ReplayBuffer:
         self.totals["dropped_zero_adv"] += cands.dropped_zero_adv
         self.recent_versions = cands.window
         self.steps_done += 1
+        if self.successes is not None:
+            self.successes.add_from(cands.arrived, max(g.arrival_step for g in cands.arrived) if cands.arrived else 0)
 
         stats = EvictionStats()
         in_window = set(self.recent_versions)
@@ -242,6 +271,7 @@ class ReplayBuffer:
             "reuse_mean": float(np.mean(reuse)) if reuse else 0.0,
             "reuse_max": max(reuse, default=0),
             "bytes": sum(g.nbytes() for g in self.groups),
+            **({f"success_{k}": v for k, v in self.successes.stats().items()} if self.successes is not None else {}),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -254,6 +284,7 @@ class ReplayBuffer:
             "steps_done": self.steps_done,
             "next_seq": self.next_seq,
             "totals": dict(self.totals),
+            "successes": self.successes.state_dict() if self.successes is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -263,6 +294,12 @@ class ReplayBuffer:
         self.steps_done = int(state["steps_done"])
         self.next_seq = int(state["next_seq"])
         self.totals = dict(state["totals"])
+        saved = state.get("successes")
+        if self.successes is not None and saved is not None:
+            self.successes.load_state_dict(saved)
+        elif self.successes is not None:
+            raise ValueError("replay.success is on but the checkpoint's buffer has no success store "
+                             "(saved with replay.success=false): resume with the same setting")
 
 
 def gather_recorded(groups: list[Group], width: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:

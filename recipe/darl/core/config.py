@@ -10,7 +10,7 @@ from typing import Any, Literal, Mapping, Optional
 BehaviorWeight = Literal["own", "pmis"]
 SourceWeight = Literal["ess", "tokens"]
 Rescore = Literal["all", "lazy"]
-Order = Literal["chi2", "newest", "least_reused"]
+Order = Literal["chi2", "newest", "least_reused", "variance"]
 
 # What `pmis: true` resolves the keys left null to: the second design (docs/algorithm.md). False turns a
 # numeric control off; `pmis: false` resolves them to the uniform-replay ablation (newest first, no controls).
@@ -40,6 +40,8 @@ class ReplayConfig:
     ratio: Optional[float | bool] = None
     m2_budget: Optional[float | bool] = None
     behavior_clip: Optional[float | bool] = None
+    success: int | bool = False  # success replay: correct responses kept per prompt; false: off
+    success_max_age: Optional[int] = None  # steps a stored success stays usable; null: no limit
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -88,8 +90,14 @@ class ReplayConfig:
             out.append(f"replay.max_groups must be null or an integer >= 1, got {self.max_groups!r}")
         if not (self.max_reuse is None or self.max_reuse is False) and (not _is_int(self.max_reuse) or self.max_reuse < 1):
             out.append(f"replay.max_reuse must be null, false or an integer >= 1, got {self.max_reuse!r}")
-        if self.order not in (None, "chi2", "newest", "least_reused"):
-            out.append(f"replay.order must be null, 'chi2', 'newest' or 'least_reused', got {self.order!r}")
+        if self.order not in (None, "chi2", "newest", "least_reused", "variance"):
+            out.append(f"replay.order must be null, 'chi2', 'newest', 'least_reused' or 'variance', got {self.order!r}")
+        if self.success is not False and (not _is_int(self.success) or self.success < 1):
+            out.append(f"replay.success must be false or an integer >= 1 (successes kept per prompt), got {self.success!r}")
+        if self.success_max_age is not None and (not _is_int(self.success_max_age) or self.success_max_age < 1):
+            out.append(f"replay.success_max_age must be null or an integer >= 1, got {self.success_max_age!r}")
+        elif self.success_max_age is not None and self.success is False:
+            out.append("replay.success_max_age is set but replay.success is false: set replay.success=1 to use it")
         for name, low, high in (("ratio", 0.0, math.inf), ("m2_budget", 0.0, math.inf), ("behavior_clip", 0.0, 1.0)):
             value = getattr(self, name)
             if value is None or value is False:

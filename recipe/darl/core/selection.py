@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from .buffer import Group
+    from .config import ReplayConfig
 
 
 @dataclass
@@ -46,11 +50,13 @@ def select_groups(
     reuse: Optional[torch.Tensor] = None,
     fresh: Optional[torch.Tensor] = None,
     extra: Optional[int] = None,
+    priority: Optional[torch.Tensor] = None,
 ) -> Selection:
     """Fills the group budget.
 
-    order: "chi2" (needs scores), "newest", or "least_reused" (needs reuse: [G] times trained; ties:
-    newer version, then arrival). None: "chi2" when scores are given, else "newest" (the first design).
+    order: "chi2" (needs scores), "newest", "least_reused" (needs reuse: [G] times trained; ties:
+    newer version, then arrival), or "variance" (prioritized replay of informative groups, needs
+    priority: [G], highest first; ties: least reused, newer version, arrival). None: "chi2" when scores are given, else "newest" (the first design).
     Additive composition (`extra` not None, needs fresh: [G] bool): every fresh group first, then up to
     `extra` non-fresh groups in `order`; the total rounds down to `multiple`, or up with more replayed
     groups when rounding down would drop a fresh one and enough replayed groups exist. Without `extra`
@@ -77,8 +83,10 @@ def select_groups(
 
     if order is None:
         order = "newest" if scores is None else "chi2"
-    if order not in ("chi2", "newest", "least_reused"):
-        raise ValueError(f"select_groups: order must be 'chi2', 'newest' or 'least_reused', got {order!r}")
+    if order not in ("chi2", "newest", "least_reused", "variance"):
+        raise ValueError(f"select_groups: order must be 'chi2', 'newest', 'least_reused' or 'variance', got {order!r}")
+    if order == "variance" and (priority is None or priority.shape != (num,) or reuse is None or reuse.shape != (num,)):
+        raise ValueError("select_groups: order 'variance' needs priority: [G] and reuse: [G]")
     if order == "chi2" and scores is None:
         raise ValueError("select_groups: order 'chi2' needs scores")
     if order == "least_reused" and (reuse is None or reuse.shape != (num,)):
@@ -95,6 +103,9 @@ def select_groups(
     elif order == "least_reused":
         keys_r = reuse.tolist()
         ranked = sorted(range(num), key=lambda i: (keys_r[i], -keys_v[i], keys_a[i]))
+    elif order == "variance":
+        keys_p, keys_r = priority.tolist(), reuse.tolist()
+        ranked = sorted(range(num), key=lambda i: (-keys_p[i], keys_r[i], -keys_v[i], keys_a[i]))
     else:
         keys_s = scores.tolist()
         limit = math.inf if max_score is None else max_score
@@ -120,3 +131,40 @@ def select_groups(
         reason = f"{len(ranked)} eligible group(s), the workers need a multiple of {min_multiple or multiple}"
         return Selection([], len(ranked), cap, True, reason)
     return Selection(ranked[:take], len(ranked), cap, False)
+
+
+def reward_variance(group: "Group") -> float:
+    """Priority of a group under `order: variance`: the population variance of its rewards (for 0/1
+    rewards p(1 - p), largest for groups solved half the time; 0 for groups with zero advantage)."""
+    return float(group.rewards.double().var(unbiased=False)) if group.n > 1 else 0.0
+
+
+def select_for_step(
+    groups: "list[Group]",
+    fresh: "list[Group]",
+    replay: "ReplayConfig",
+    budget: int,
+    multiple: int,
+    min_multiple: Optional[int],
+    scores: Optional[list[float]] = None,
+) -> Selection:
+    """The step's selection as both trainers and the study harness make it: `select_groups` with the
+    order, the additive ratio and the priorities `replay` resolves to, over `groups` (candidates;
+    `fresh` are this step's). scores: chi2 group scores, needed only by order chi2."""
+    order = replay.resolved("order")
+    ratio = replay.resolved("ratio")
+    fresh_ids = {id(g) for g in fresh}
+    return select_groups(
+        budget=budget,
+        versions=torch.tensor([g.version for g in groups]),
+        arrival=torch.tensor([g.seq for g in groups]),
+        scores=torch.tensor(scores, dtype=torch.float64) if order == "chi2" else None,
+        max_score=replay.max_score,
+        multiple=multiple,
+        min_multiple=min_multiple,
+        order=order,
+        reuse=torch.tensor([g.times_trained for g in groups]),
+        fresh=torch.tensor([id(g) in fresh_ids for g in groups], dtype=torch.bool) if ratio is not None else None,
+        extra=int(round(ratio * budget)) if ratio is not None else None,
+        priority=torch.tensor([reward_variance(g) for g in groups]) if order == "variance" else None,
+    )

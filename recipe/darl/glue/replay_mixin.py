@@ -27,7 +27,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.fs import local_mkdir_safe
 
 from .actor_loss import darl_loss
-from ..core import Group, ReplayBuffer, Selection, StepCandidates, group_multiple, group_scores, sample_chi2, select_groups
+from ..core import Group, ReplayBuffer, Selection, StepCandidates, group_multiple, group_scores, sample_chi2, select_for_step
 from ..core.config import ReplayConfig
 from .replay_step import batch_from_groups, groups_from_batch, loss_inputs, replay_metrics
 
@@ -148,23 +148,8 @@ class ReplayStepMixin:
         per_step = dp if actor.get("use_dynamic_bsz", False) else dp * int(actor.ppo_micro_batch_size_per_gpu or 1)
         full = group_multiple(n, actor.ppo_mini_batch_size, dp)
         smallest = per_step // math.gcd(per_step, n)
-        order = self.replay.resolved("order")
-        ratio = self.replay.resolved("ratio")
-        budget = self._replay_budget()
-        fresh_ids = {id(g) for g in (fresh or [])}
-        return select_groups(
-            budget=budget,
-            versions=torch.tensor([g.version for g in groups]),
-            arrival=torch.tensor([g.seq for g in groups]),
-            scores=torch.tensor(scores, dtype=torch.float64) if order == "chi2" else None,
-            max_score=self.replay.max_score,
-            multiple=full,
-            min_multiple=smallest if smallest <= full else None,
-            order=order,
-            reuse=torch.tensor([g.times_trained for g in groups]),
-            fresh=torch.tensor([id(g) in fresh_ids for g in groups]) if ratio is not None else None,
-            extra=int(round(ratio * budget)) if ratio is not None else None,
-        )
+        return select_for_step(groups, fresh or [], self.replay, self._replay_budget(), full,
+                               smallest if smallest <= full else None, scores)
 
     def _use_rewards_of(self, batch: DataProto) -> DataProto:
         """Points the step's rewards (read by `_fit_compute_advantage`) and token counts at the rows of `batch`."""

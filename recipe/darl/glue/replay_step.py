@@ -150,7 +150,7 @@ def loss_inputs(
     """
     mask = batch.batch["response_mask"]
     width = mask.shape[1]
-    versions = torch.cat([torch.full((g.n,), g.version) for g in groups])
+    versions = torch.cat([g.versions for g in groups])
     weights = batch_weights(
         response_mask=mask,
         old_log_probs=batch.batch["old_log_probs"],
@@ -192,19 +192,23 @@ def replay_metrics(
         "replay/skipped_update": float(selection.skipped),
         "replay/warmup": float(cands.warmup),
         "replay/dropped_zero_adv": cands.dropped_zero_adv,
+        "replay/success_grafted": cands.grafted,
         "replay/buffer_groups": buffer_stats["groups"],
         "replay/buffer_tokens": buffer_stats["tokens"],
         "replay/buffer_bytes": buffer_stats["bytes"],
         "replay/reuse_mean": buffer_stats["reuse_mean"],
         "replay/reuse_max": buffer_stats["reuse_max"],
     }
+    for key in ("success_prompts", "success_responses"):
+        if key in buffer_stats:
+            m[f"replay/{key}"] = buffer_stats[key]
     for name, count in evicted.items():
         m[f"replay/evicted_{name}"] = count
     for version, count in buffer_stats["groups_per_version"].items():
         m[f"replay/buffer_groups/s{step - version}"] = count
         m[f"replay/buffer_tokens/s{step - version}"] = buffer_stats["tokens_per_version"][version]
     if sel_groups:
-        staleness = np.array([step - g.version for g in sel_groups for _ in range(g.n)])
+        staleness = np.concatenate([step - g.versions.numpy() for g in sel_groups])
         m["replay/staleness_mean"] = float(staleness.mean())
         m["replay/staleness_max"] = float(staleness.max())
         for s, c in zip(*np.unique(staleness, return_counts=True)):
