@@ -1,27 +1,40 @@
 """Builds the built-in example into a cache directory on first use: tiny model, warm-start, parquet.
 
-    python -m recipe.darl.example.build [--cache DIR] [--seed 0]
+    python -m recipe.darl.example.build [--cache DIR] [--seed 0] [--regenerate] [--export DIR]
 
-Deterministic from the seed. The directory holds `model/` (Hugging Face layout), `train.parquet`,
-`val.parquet` and `example.json` (settings and the warm-start's result); a directory whose
-`example.json` matches the settings is reused as is.
+The warm-started weights of the default settings ship with the package (`weights/`, with their
+sha256), so every machine starts RL from the same bytes: the warm-start itself is deterministic on
+one machine but not across CPUs (float results differ, and its accuracy jumps between two
+evaluations). `--regenerate` runs the warm-start instead; `--export DIR` writes what it built as a
+shippable copy (the model files and `example.json` with their sha256).
+
+The directory holds `model/` (Hugging Face layout), `train.parquet`, `val.parquet` and `example.json`
+(settings, the warm-start's result, where the weights came from); a directory whose `example.json`
+matches the settings is reused as is. Concurrent first uses are safe: one process builds under a
+lock into a private directory and renames it into place, the others wait and reuse it.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import json
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
 from .tiny_model import build_tiny_model
 from .arithmetic import make_problems, records, write_parquet
 from .warm_start import warm_start
 
 DEFAULT_CACHE = Path(os.environ.get("DARL_CACHE", Path.home() / ".cache" / "darl"))
+SHIPPED = Path(__file__).with_name("weights")
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
 @dataclass(frozen=True)
@@ -45,18 +58,79 @@ class Example:
     warm_start_accuracy: float
 
 
-def build_example(cache: Path = DEFAULT_CACHE, settings: ExampleSettings = ExampleSettings(), log=print) -> Example:
-    root = Path(cache) / f"arithmetic-s{settings.seed}-h{settings.hidden_size}"
+def _name(settings: ExampleSettings) -> str:
+    return f"arithmetic-s{settings.seed}-h{settings.hidden_size}"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def shipped_weights(settings: ExampleSettings) -> Optional[Path]:
+    """The packaged warm-started model for `settings`, or None when none ships for them."""
+    folder = SHIPPED / _name(settings)
+    meta = folder / "example.json"
+    if not meta.exists() or json.loads(meta.read_text()).get("settings") != asdict(settings):
+        return None
+    return folder
+
+
+def _copy_shipped(folder: Path, model_dir: Path) -> dict:
+    """Copies the shipped model files, checking each against its recorded sha256."""
+    meta = json.loads((folder / "example.json").read_text())
+    model_dir.mkdir(parents=True)
+    for name, digest in meta["sha256"].items():
+        shutil.copyfile(folder / name, model_dir / name)
+        got = sha256(model_dir / name)
+        if got != digest:
+            raise RuntimeError(f"shipped example weights {folder / name}: sha256 {got} does not match the recorded "
+                               f"{digest} (a damaged checkout?); rebuild them with `python -m recipe.darl.example.build "
+                               f"--regenerate --export {SHIPPED}`")
+    return meta
+
+
+def _as_example(root: Path, accuracy: float) -> Example:
+    return Example(str(root), str(root / "model"), str(root / "train.parquet"), str(root / "val.parquet"), accuracy)
+
+
+def _ready(root: Path, settings: ExampleSettings) -> Optional[Example]:
     meta_file = root / "example.json"
     if meta_file.exists():
         meta = json.loads(meta_file.read_text())
         if meta.get("settings") == asdict(settings):
-            return Example(str(root), str(root / "model"), str(root / "train.parquet"), str(root / "val.parquet"),
-                           meta["warm_start"]["accuracy"])
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
+            return _as_example(root, meta["warm_start"]["accuracy"])
+    return None
 
+
+def build_example(cache: Path = DEFAULT_CACHE, settings: ExampleSettings = ExampleSettings(), log=print,
+                  regenerate: bool = False) -> Example:
+    """The example's directory, built on first use (from the shipped weights unless `regenerate`)."""
+    cache = Path(cache)
+    root = cache / (_name(settings) + ("-regenerated" if regenerate else ""))
+    ready = _ready(root, settings)
+    if ready is not None:
+        return ready
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits here, then finds the first one's result
+        ready = _ready(root, settings)
+        if ready is not None:
+            return ready
+        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{root.name}.tmp-"))
+        try:
+            example = _build_into(tmp, settings, log, regenerate)
+            if root.exists():  # a stale build of other settings: move it aside, then replace it
+                stale = Path(tempfile.mkdtemp(dir=cache, prefix=f".{root.name}.old-"))
+                os.rename(root, stale / "old")
+                shutil.rmtree(stale)
+            os.rename(tmp, root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return _as_example(root, example.warm_start_accuracy)
+
+
+def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) -> Example:
     # disjoint problem sets: warm-start, RL train, validation
     pool = make_problems(settings.sft_problems + settings.train_prompts + settings.val_prompts, settings.seed)
     val = pool[:settings.val_prompts]
@@ -65,13 +139,39 @@ def build_example(cache: Path = DEFAULT_CACHE, settings: ExampleSettings = Examp
     write_parquet(records(train, "train"), root / "train.parquet")
     write_parquet(records(val, "test"), root / "val.parquet")
 
-    log(f"building the tiny model (hidden {settings.hidden_size}, {settings.num_layers} layers) in {root / 'model'}")
-    build_tiny_model(root / "model", seed=settings.seed, hidden_size=settings.hidden_size, num_layers=settings.num_layers)
-    result = warm_start(str(root / "model"), sft, val[:128], target=settings.sft_target, seed=settings.seed,
-                        max_new_tokens=settings.max_response_tokens, log=log)
-    log(f"warm-start: greedy accuracy {result.accuracy:.3f} after {result.steps} steps ({result.seconds:.0f} s)")
-    meta_file.write_text(json.dumps({"settings": asdict(settings), "warm_start": asdict(result)}, indent=2))
-    return Example(str(root), str(root / "model"), str(root / "train.parquet"), str(root / "val.parquet"), result.accuracy)
+    shipped = None if regenerate else shipped_weights(settings)
+    if shipped is not None:
+        meta = _copy_shipped(shipped, root / "model")
+        result = meta["warm_start"]
+        log(f"example model: the shipped warm-started weights ({shipped.name}, sha256 checked; warm-start greedy "
+            f"accuracy {result['accuracy']:.3f} after {result['steps']} steps when they were built)")
+        source = {"weights": "shipped", "sha256": meta["sha256"]}
+    else:
+        log(f"building the tiny model (hidden {settings.hidden_size}, {settings.num_layers} layers) in {root / 'model'}")
+        build_tiny_model(root / "model", seed=settings.seed, hidden_size=settings.hidden_size,
+                         num_layers=settings.num_layers)
+        warm = warm_start(str(root / "model"), sft, val[:128], target=settings.sft_target, seed=settings.seed,
+                          max_new_tokens=settings.max_response_tokens, log=log)
+        log(f"warm-start: greedy accuracy {warm.accuracy:.3f} after {warm.steps} steps ({warm.seconds:.0f} s)")
+        result = asdict(warm)
+        source = {"weights": "warm-started here"}
+    (root / "example.json").write_text(json.dumps({"settings": asdict(settings), "warm_start": result, **source},
+                                                  indent=2))
+    return _as_example(root, result["accuracy"])
+
+
+def export_weights(example: Example, settings: ExampleSettings, out: Path = SHIPPED) -> Path:
+    """Writes the example's model files and `example.json` (settings, warm-start, sha256) as a shippable copy."""
+    folder = Path(out) / _name(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = json.loads((Path(example.root) / "example.json").read_text())
+    digests = {}
+    for name in MODEL_FILES:
+        shutil.copyfile(Path(example.model) / name, folder / name)
+        digests[name] = sha256(folder / name)
+    (folder / "example.json").write_text(json.dumps({"settings": meta["settings"], "warm_start": meta["warm_start"],
+                                                     "sha256": digests}, indent=2) + "\n")
+    return folder
 
 
 def main() -> None:
@@ -79,9 +179,14 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--paths-only", action="store_true", help="print 'model train val' on one line (for scripts)")
+    parser.add_argument("--regenerate", action="store_true", help="warm-start here instead of using the shipped weights")
+    parser.add_argument("--export", type=Path, default=None, help="write the built model as shippable weights into DIR")
     args = parser.parse_args()
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.paths_only else print
-    example = build_example(args.cache, ExampleSettings(seed=args.seed), log=log)
+    settings = ExampleSettings(seed=args.seed)
+    example = build_example(args.cache, settings, log=log, regenerate=args.regenerate)
+    if args.export is not None:
+        log(f"exported to {export_weights(example, settings, args.export)}")
     if args.paths_only:
         print(example.model, example.train_files, example.val_files)
     else:
