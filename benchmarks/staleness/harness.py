@@ -105,6 +105,10 @@ class HarnessConfig:
     stop_grad: bool = True
     # data and evaluation
     reward: str = "arithmetic"  # arithmetic (verifier) or digits (dense: share of digits, for tests)
+    task: str = "arithmetic"  # arithmetic: fresh 2-3 digit sums; scarce: a fixed pool of hard sums, revisited
+    pool_size: int = 256  # the scarce task's prompt pool
+    success: Any = False  # replay.success: correct responses kept per prompt (success replay); False: off
+    success_max_age: Optional[int] = None
     eval_every: int = 20  # steps; 0: only at the start and the end
     val_size: int = 500
     eval_batch_size: int = 256
@@ -118,6 +122,8 @@ class HarnessConfig:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
         if self.reward not in ("arithmetic", "digits"):
             raise ValueError(f"reward must be 'arithmetic' or 'digits', got {self.reward!r}")
+        if self.task not in ("arithmetic", "scarce"):
+            raise ValueError(f"task must be 'arithmetic' or 'scarce', got {self.task!r}")
         if self.prompts_per_step % self.minibatches:
             raise ValueError("prompts_per_step must divide by minibatches")
         if self.epochs < 1:
@@ -130,7 +136,8 @@ class HarnessConfig:
                             filter_zero_adv=self.filter_zero_adv, max_reuse=self.max_reuse,
                             behavior_weight=self.behavior_weight, source_weight=self.source_weight,
                             clip_decay=self.clip_decay, stop_grad=self.stop_grad, order=self.order,
-                            ratio=self.ratio, m2_budget=self.m2_budget, behavior_clip=self.behavior_clip)
+                            ratio=self.ratio, m2_budget=self.m2_budget, behavior_clip=self.behavior_clip,
+                            success=self.success, success_max_age=self.success_max_age)
 
     @property
     def name(self) -> str:
@@ -143,6 +150,8 @@ class HarnessConfig:
         for key in ("ratio", "m2_budget", "behavior_clip", "max_reuse"):
             if rc.resolved(key) is not None:
                 parts.append(f"{key}{rc.resolved(key):g}")
+        if self.success:
+            parts.append(f"success{self.success}")
         if not self.filter_zero_adv:
             parts.append("keep0adv")
         if not self.stop_grad:
@@ -155,18 +164,16 @@ class HarnessConfig:
 # ---- data ------------------------------------------------------------------------------------
 
 def split_problems(config: HarnessConfig) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(train, val). With the example model: its RL-train problems, and `val_size` problems outside
-    every set the example used (warm-start, train, val), so validation is held out from all training."""
-    from recipe.darl.example.arithmetic import make_problems
-    from recipe.darl.example.build import ExampleSettings
+    """(train, val). Task "arithmetic": the example's RL-train problems, and `val_size` problems outside
+    every set the example used (warm-start, train, val), so validation is held out from all training.
+    Task "scarce": a fixed pool of `pool_size` hard problems revisited for epochs, and `val_size` held-out
+    hard problems (`recipe.darl.example.build.problem_splits`)."""
+    from recipe.darl.example.build import problem_splits
 
-    s = ExampleSettings()
-    pool = make_problems(s.sft_problems + s.train_prompts + s.val_prompts, s.seed)
-    train = pool[s.val_prompts:s.val_prompts + s.train_prompts]
-    used = set(pool)
-    candidates = make_problems(config.val_size + len(used), 10_007)
-    val = [p for p in candidates if p not in used][:config.val_size]
-    return train, val
+    splits = problem_splits(val_size=config.val_size, scarce_pool=config.pool_size)
+    if config.task == "scarce":
+        return splits["scarce_train"], splits["scarce_val"]
+    return splits["train"], splits["heldout"]
 
 
 def digit_share(text: str) -> float:

@@ -47,6 +47,12 @@ METHODS: dict[str, dict[str, Any]] = {
     "gates_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False},  # decoupled + m2 gate + behavior clip
     "bclip_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "m2_budget": False},
     "m2_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False},
+    # replay designs from the literature (issue 15, docs/evidence.md): success replay (AR3PO, RLEP), prioritized
+    # replay of informative groups (rollout-level PER), and success replay alone on the controls
+    "darl_success": {"method": "darl", "success": 1},
+    "darl_variance": {"method": "darl", "order": "variance"},
+    "darl_success_variance": {"method": "darl", "success": 1, "order": "variance"},
+    "gates_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "success": 1},
     # the first design (DESIGN.md section 3) and its ablations, as studied in docs/evidence.md's dated section
     "darl_v1": {"method": "darl", **V1},
     "replay_uniform": {"method": "darl", "pmis": False},  # newest first, own weights, token mean
@@ -312,6 +318,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--minibatches", type=int, default=1)
+    p.add_argument("--task", choices=["arithmetic", "scarce"], default="arithmetic",
+                   help="scarce: a fixed pool of hard problems revisited for epochs (the scarce regime)")
     p.add_argument("--jobs", type=int, default=1, help="runs side by side, one thread each")
     p.add_argument("--quick", action="store_true", help="1 seed, s in {1, 4}, 40 steps, val 200: minutes")
     p.add_argument("--report-only", action="store_true")
@@ -329,6 +337,8 @@ def main(argv=None) -> int:
     results_file = args.out / "results.jsonl"
     common = {"steps": args.steps, "eval_every": args.eval_every, "val_size": args.val_size,
               "prompts_per_step": args.prompts, "n": args.n, "lr": args.lr, "minibatches": args.minibatches}
+    if args.task != "arithmetic":  # older runs' keys have no task: they stay found
+        common["task"] = args.task
     if not args.report_only:
         done = {run_key(r["method_name"], r["staleness"], r["seed"], r["common"]) for r in load_results(results_file)
                 if "common" in r}

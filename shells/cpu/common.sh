@@ -9,6 +9,7 @@
 #   PYTHON          python interpreter [.venv/bin/python if present, else python3]
 #   DARL_CACHE      where the example is built [$HOME/.cache/darl]
 #   MODEL_PATH, TRAIN_FILES, VAL_FILES  another model and data instead of the example (all three)
+#   TASK            arithmetic: the example's sums; scarce: a fixed pool of 256 hard sums revisited for epochs [arithmetic]
 #   OUT_DIR         run outputs: metrics.jsonl, tensorboard/, checkpoints/ [outputs/<experiment>]
 #   EXPERIMENT_NAME [the script's file name without .sh]
 #   STEPS           training steps (trainer.total_training_steps) [40]
@@ -32,7 +33,7 @@ darl_cpu_setup() {
     # builds the example on first use (a few minutes), then prints its paths; preset all three to skip it
     if [[ -z "${MODEL_PATH:-}" || -z "${TRAIN_FILES:-}" || -z "${VAL_FILES:-}" ]]; then
         local paths
-        paths=$("$PYTHON" -m recipe.darl.example.build --paths-only ${DARL_CACHE:+--cache "$DARL_CACHE"})
+        paths=$("$PYTHON" -m recipe.darl.example.build --paths-only --task "${TASK:-arithmetic}" ${DARL_CACHE:+--cache "$DARL_CACHE"})
         read -r MODEL_PATH TRAIN_FILES VAL_FILES <<< "$paths"
     fi
     STEPS="${STEPS:-40}"

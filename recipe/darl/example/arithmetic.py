@@ -14,6 +14,7 @@ from typing import Optional
 
 DATA_SOURCE = "darl/arithmetic"
 INSTRUCTION = "Add. Answer in \\boxed{}."
+HARD_CARRIES = 2
 
 
 def make_problems(count: int, seed: int) -> list[tuple[int, int]]:
@@ -23,6 +24,22 @@ def make_problems(count: int, seed: int) -> list[tuple[int, int]]:
     while len(seen) < count:
         seen.add((rng.randint(10, 999), rng.randint(10, 999)))
     return sorted(seen, key=lambda _: rng.random())
+
+
+def carries(a: int, b: int) -> int:
+    """Carries in the column addition of a + b."""
+    count = carry = 0
+    while a or b:
+        carry = (a % 10 + b % 10 + carry) // 10
+        count += carry
+        a, b = a // 10, b // 10
+    return count
+
+
+def is_hard(a: int, b: int) -> bool:
+    """The scarce regime's problems: two 3-digit operands and at least HARD_CARRIES carries, where the
+    warm-started tiny model is right on few samples (docs/evidence.md has the calibration)."""
+    return a >= 100 and b >= 100 and carries(a, b) >= HARD_CARRIES
 
 
 def prompt_text(a: int, b: int) -> str:

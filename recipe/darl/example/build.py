@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Optional
 
 from .tiny_model import build_tiny_model
-from .arithmetic import make_problems, records, write_parquet
+from .arithmetic import is_hard, make_problems, records, write_parquet
 from .warm_start import warm_start
 
 DEFAULT_CACHE = Path(os.environ.get("DARL_CACHE", Path.home() / ".cache" / "darl"))
 SHIPPED = Path(__file__).with_name("weights")
+LAYOUT = 2  # 2: scarce_train/scarce_val parquet files; an older cache directory is rebuilt
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -56,6 +57,29 @@ class Example:
     train_files: str
     val_files: str
     warm_start_accuracy: float
+
+
+def problem_splits(settings: ExampleSettings = ExampleSettings(), val_size: Optional[int] = None,
+                   scarce_pool: int = 256) -> dict[str, list[tuple[int, int]]]:
+    """The example's disjoint problem sets.
+
+    sft (warm-start), train (RL), val (the example's validation); heldout: `val_size` problems (default:
+    the example's val_prompts) outside all three, for studies; scarce_train: the first `scarce_pool` hard
+    problems (`arithmetic.is_hard`) of train, a fixed pool revisited for epochs; scarce_val: `val_size`
+    hard problems outside every other set.
+    """
+    val_size = settings.val_prompts if val_size is None else val_size
+    pool = make_problems(settings.sft_problems + settings.train_prompts + settings.val_prompts, settings.seed)
+    val = pool[:settings.val_prompts]
+    train = pool[settings.val_prompts:settings.val_prompts + settings.train_prompts]
+    used = set(pool)
+    heldout = [p for p in make_problems(val_size + len(used), 10_007) if p not in used][:val_size]
+    hard = [p for p in make_problems(6 * val_size + len(used), 10_009) if p not in used and is_hard(*p)]
+    scarce_train = [p for p in train if is_hard(*p)][:scarce_pool]
+    if len(hard) < val_size or len(scarce_train) < scarce_pool:
+        raise ValueError(f"problem_splits: not enough hard problems for val_size={val_size}, scarce_pool={scarce_pool}")
+    return {"sft": pool[settings.val_prompts + settings.train_prompts:], "train": train, "val": val,
+            "heldout": heldout, "scarce_train": scarce_train, "scarce_val": hard[:val_size]}
 
 
 def _name(settings: ExampleSettings) -> str:
@@ -97,7 +121,7 @@ def _ready(root: Path, settings: ExampleSettings) -> Optional[Example]:
     meta_file = root / "example.json"
     if meta_file.exists():
         meta = json.loads(meta_file.read_text())
-        if meta.get("settings") == asdict(settings):
+        if meta.get("settings") == asdict(settings) and meta.get("layout") == LAYOUT:
             return _as_example(root, meta["warm_start"]["accuracy"])
     return None
 
@@ -131,13 +155,13 @@ def build_example(cache: Path = DEFAULT_CACHE, settings: ExampleSettings = Examp
 
 
 def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) -> Example:
-    # disjoint problem sets: warm-start, RL train, validation
-    pool = make_problems(settings.sft_problems + settings.train_prompts + settings.val_prompts, settings.seed)
-    val = pool[:settings.val_prompts]
-    train = pool[settings.val_prompts:settings.val_prompts + settings.train_prompts]
-    sft = pool[settings.val_prompts + settings.train_prompts:]
-    write_parquet(records(train, "train"), root / "train.parquet")
+    splits = problem_splits(settings)
+    sft, val = splits["sft"], splits["val"]
+    write_parquet(records(splits["train"], "train"), root / "train.parquet")
     write_parquet(records(val, "test"), root / "val.parquet")
+    # the scarce regime (docs/evidence.md): a fixed pool of hard problems revisited for epochs
+    write_parquet(records(splits["scarce_train"], "train"), root / "scarce_train.parquet")
+    write_parquet(records(splits["scarce_val"], "test"), root / "scarce_val.parquet")
 
     shipped = None if regenerate else shipped_weights(settings)
     if shipped is not None:
@@ -155,7 +179,7 @@ def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) ->
         log(f"warm-start: greedy accuracy {warm.accuracy:.3f} after {warm.steps} steps ({warm.seconds:.0f} s)")
         result = asdict(warm)
         source = {"weights": "warm-started here"}
-    (root / "example.json").write_text(json.dumps({"settings": asdict(settings), "warm_start": result, **source},
+    (root / "example.json").write_text(json.dumps({"settings": asdict(settings), "layout": LAYOUT, "warm_start": result, **source},
                                                   indent=2))
     return _as_example(root, result["accuracy"])
 
@@ -179,6 +203,8 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--paths-only", action="store_true", help="print 'model train val' on one line (for scripts)")
+    parser.add_argument("--task", choices=["arithmetic", "scarce"], default="arithmetic",
+                        help="which data --paths-only prints: the example's or the scarce regime's (hard sums, fixed pool)")
     parser.add_argument("--regenerate", action="store_true", help="warm-start here instead of using the shipped weights")
     parser.add_argument("--export", type=Path, default=None, help="write the built model as shippable weights into DIR")
     args = parser.parse_args()
@@ -188,7 +214,10 @@ def main() -> None:
     if args.export is not None:
         log(f"exported to {export_weights(example, settings, args.export)}")
     if args.paths_only:
-        print(example.model, example.train_files, example.val_files)
+        if args.task == "scarce":
+            print(example.model, str(Path(example.root) / "scarce_train.parquet"), str(Path(example.root) / "scarce_val.parquet"))
+        else:
+            print(example.model, example.train_files, example.val_files)
     else:
         print(json.dumps(asdict(example), indent=2))
 
