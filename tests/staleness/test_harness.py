@@ -171,3 +171,24 @@ def test_run_and_report(model_dir, tmp_path):
     assert (tmp_path / "summary.md").exists()
     for png in ("accuracy_vs_samples_s1", "accuracy_vs_wall_s1", "ablations_s1", "replay_s1", "final_vs_staleness"):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000, png
+
+
+def test_scarce_task_revisits_a_fixed_pool_and_success_replay_grafts_past_successes(model_dir):
+    h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, success=1, warmup=0, steps=6)
+    assert len(h.train_problems) == 8
+    from recipe.darl.example.arithmetic import is_hard
+    assert all(is_hard(a, b) for a, b in h.train_problems + h.val_problems)
+    # pass one: 2 steps of 4 prompts; the pool comes back from step 2 on
+    first = [h._next_problems() for _ in range(2)]
+    assert sorted(first[0] + first[1]) == sorted(h.train_problems)
+    h.cursor = 0
+    # make every response of steps 2+ wrong: the only successes are the stored ones
+    score = h._score
+    h._score = lambda text, problem: score(text, problem) if h.version < 2 else 0.0
+    history = run_steps(h, 4)
+    store = h.buffer.successes
+    assert store.totals["stored"] > 0
+    assert sum(m["success_grafted"] for m in history[2:]) > 0
+    grafted = [m for m in history[2:] if m["success_grafted"]]
+    # a grafted response is older than its group: the trained batch mixes versions
+    assert any(m["trained_versions"] >= 2 and not m["skipped"] for m in grafted)
