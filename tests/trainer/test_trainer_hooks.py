@@ -269,3 +269,33 @@ def test_preset_m2_gate_masks_the_drifted_tokens(replay_cfg, batch_maker):
     assert coef.sum().item() == pytest.approx(1.0)
     share = mask[2:].sum().item() / mask.sum().item()
     assert trainer.metrics["replay/m2_gated_fraction"] == pytest.approx(share)
+
+
+def test_success_replay_grafts_a_past_success_into_an_all_wrong_group(replay_cfg, batch_maker):
+    import numpy as np
+
+    step1 = batch_maker(versions=[0], rewards=[[1, 0]], seed=11)
+    (a,) = uids(step1)
+    # the same prompt one step later, both responses wrong: a new group (uid) from version 1
+    step2 = batch_maker(versions=[1], rewards=[[0, 0]], seed=11)
+    step2.non_tensor_batch["uid"] = np.array(["b", "b"], dtype=object)
+    step2.non_tensor_batch["min_global_steps"] = np.array([1, 1], dtype=object)
+    trainer = make_trainer(replay_cfg("replay.k=1", "replay.success=1", design=()), {a: 0.0, "b": 0.0})
+    run_step(trainer, step1)
+    assert trainer.metrics["replay/success_grafted"] == 0 and trainer.metrics["replay/success_responses"] == 1
+    run_step(trainer, step2)
+    assert trainer.metrics["replay/success_grafted"] == 1
+    trained = trainer.trained[-1]
+    assert uids(trained) == ["b"]
+    # response 1 of b is now response 0 of a: its tokens, its behavior log-probs, its reward and version stamp
+    width = step1.batch["responses"].shape[1]
+    assert torch.equal(trained.batch["responses"][1, :width], step1.batch["responses"][0])
+    assert torch.equal(trained.batch["rollout_log_probs"][1], step1.batch["rollout_log_probs"][0])
+    assert trained.batch["token_level_scores"].sum(-1).tolist() == [0.0, 1.0]
+    assert list(trained.non_tensor_batch["min_global_steps"]) == [1, 0]
+    assert list(trained.non_tensor_batch["acc"]) == [0.0, 1.0]
+    # GRPO over (0, 1): the old success is pushed up, the fresh failure down
+    adv = trained.batch["advantages"].sum(-1) / trained.batch["response_mask"].sum(-1)
+    assert adv.tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)], rel=1e-4)
+    # two behavior versions in one group: the staleness metrics see both (step 2: s = 1 and s = 2)
+    assert trainer.metrics["replay/staleness_max"] == 2 and trainer.metrics["replay/staleness_mean"] == 1.5
