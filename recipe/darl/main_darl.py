@@ -17,6 +17,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from .glue.config_check import validate_or_raise
+from .glue.preflight import preflight
 
 SEED_PLUS_KEYS = ("+replay.", "+algorithm.rollout_is=", "+algorithm.rollout_is_threshold=")
 
@@ -70,10 +71,14 @@ class DarlTaskRunner:
 
 
 def prepare_config(config: DictConfig) -> DictConfig:
-    """Aliases, checks (raising `ConfigError` before Ray starts) and the rollout resource copy both trainers make."""
+    """Aliases, checks (raising `ConfigError` before Ray starts), the attention fallback and the rollout
+    resource copy both trainers make."""
     from verl.utils.device import auto_set_device
 
-    validate_or_raise(config)
+    problems, lines = preflight(config)  # wandb credentials; sdpa when flash_attn cannot be imported
+    for line in lines:
+        print(line, file=sys.stderr)
+    validate_or_raise(config, extra=problems)
     auto_set_device(config)
     config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
     config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node

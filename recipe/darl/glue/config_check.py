@@ -113,10 +113,11 @@ def check_config(cfg: DictConfig) -> list[str]:
     return problems
 
 
-def validate_or_raise(cfg: DictConfig) -> None:
-    """Applies the aliases and raises `ConfigError` listing every problem."""
+def validate_or_raise(cfg: DictConfig, extra: list[str] | tuple[str, ...] = ()) -> None:
+    """Applies the aliases and raises `ConfigError` listing every problem (`extra`: found by the caller)."""
     problems = apply_seed_aliases(cfg)
     problems += check_config(cfg)
+    problems += list(extra)
     if problems:
         raise ConfigError("the D-ARL config has {} problem(s):\n  - {}".format(len(problems), "\n  - ".join(problems)))
 

@@ -1,0 +1,101 @@
+"""Start-up choices and checks for a GPU run, made before Ray starts (issue 19).
+
+Attention. verl 0.9.1 loads the actor (and reference) model with
+`actor_rollout_ref.model.override_config.attn_implementation`, defaulting to `flash_attention_2`
+(verl/workers/config/model.py:185). Without an importable `flash_attn` package that fails only when
+the workers load the model, after Ray, the workers and vLLM have started. `select_attention` switches
+to PyTorch's `sdpa` when `flash_attn` cannot be imported and the user did not choose an implementation
+(the key the CPU platform sets, recipe/darl/cpu/platform.py), and returns the line to print.
+
+Logger. `wandb.init` without credentials raises `UsageError: No API key configured`; verl calls it
+when the trainer starts (one-step-off: at the start of `fit()`, after every model and vLLM engine has
+loaded). `logger_problems` names the missing key before anything starts.
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+from collections.abc import Callable, Mapping
+from urllib.parse import urlparse
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+FALLBACK_ATTN = "sdpa"
+WANDB_DEFAULT_HOST = "https://api.wandb.ai"
+WANDB_KEYLESS_MODES = {"offline", "disabled", "dryrun"}
+
+
+def flash_attn_importable() -> bool:
+    """True when `import flash_attn` works (a wheel built against another torch fails here too)."""
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:  # ImportError, or an undefined symbol of a build against another torch (OSError)
+        return False
+    return True
+
+
+def select_attention(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_importable) -> str | None:
+    """Sets `sdpa` when flash-attn is missing and the user did not choose; returns the line to print, or None.
+
+    A user's own `attn_implementation` is kept as it is (a warning is returned when it is
+    flash_attention_2 and flash_attn cannot be imported).
+    """
+    model = cfg.actor_rollout_ref.model
+    override = model.get("override_config")
+    chosen = override.get("attn_implementation") if override is not None else None
+    if chosen is not None:
+        if chosen == "flash_attention_2" and not importable():
+            return (f"[D-ARL] warning: {ATTN_KEY}=flash_attention_2 was set, but flash_attn cannot be imported: "
+                    "the trainer's workers will fail to load the model (docs/gpu.md, section 1)")
+        return None
+    if importable():
+        return None
+    with open_dict(model):
+        if model.get("override_config") is None:
+            model.override_config = {}
+        model.override_config.attn_implementation = FALLBACK_ATTN
+    return (f"[D-ARL] flash_attn cannot be imported: using attn_implementation={FALLBACK_ATTN} for the trainer "
+            f"(install flash-attn==2.8.3, docs/gpu.md section 1, or set ++{ATTN_KEY}=... to choose)")
+
+
+def wandb_credentials_found(env: Mapping[str, str] | None = None, home: str | None = None) -> bool:
+    """True when wandb.init can log in: WANDB_API_KEY, a keyless WANDB_MODE, or a netrc entry for its host."""
+    env = os.environ if env is None else env
+    if env.get("WANDB_API_KEY", "").strip():
+        return True
+    if env.get("WANDB_MODE", "").strip().lower() in WANDB_KEYLESS_MODES:
+        return True
+    host = urlparse(env.get("WANDB_BASE_URL") or WANDB_DEFAULT_HOST).hostname or "api.wandb.ai"
+    home = home if home is not None else os.path.expanduser("~")
+    path = env.get("NETRC") or os.path.join(home, ".netrc")  # where `wandb login` writes the key
+    if not os.path.isfile(path):
+        return False
+    try:
+        entry = netrc.netrc(path).authenticators(host)
+    except (netrc.NetrcParseError, OSError):
+        return False
+    return bool(entry and entry[2])
+
+
+def logger_problems(cfg: DictConfig, env: Mapping[str, str] | None = None, home: str | None = None) -> list[str]:
+    """The problem of a `trainer.logger` with wandb and no wandb credentials (empty otherwise)."""
+    loggers = cfg.trainer.get("logger")
+    if loggers is None:
+        return []
+    names = [loggers] if isinstance(loggers, str) else list(OmegaConf.to_container(loggers, resolve=True))
+    if "wandb" not in names:
+        return []
+    if wandb_credentials_found(env, home):
+        return []
+    return [f"trainer.logger={names} includes wandb, but no wandb credentials were found: set WANDB_API_KEY "
+            "(or run `wandb login`, which writes ~/.netrc for api.wandb.ai; or WANDB_MODE=offline), or drop wandb "
+            "from trainer.logger (the launch scripts: LOGGER='[\"console\",\"tensorboard\"]')"]
+
+
+def preflight(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_importable,
+              env: Mapping[str, str] | None = None, home: str | None = None) -> tuple[list[str], list[str]]:
+    """(problems, lines to print): the logger check, and the attention fallback applied to `cfg`."""
+    line = select_attention(cfg, importable)
+    return logger_problems(cfg, env, home), [line] if line else []

@@ -1,0 +1,176 @@
+"""Before Ray starts (recipe/darl/glue/preflight.py, issue 19): the sdpa fallback when flash_attn cannot be
+imported, and the refusal of a wandb logger without wandb credentials; both through the launch scripts too."""
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+from cluster_helpers import SHELLS, base_env, flash_attn_importable, parse_dry_run
+from hydra import compose, initialize_config_module
+
+from recipe.darl.glue import preflight
+from recipe.darl.glue.preflight import logger_problems, select_attention, wandb_credentials_found
+
+PMIS_17B = SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
+FA_PMIS = SHELLS / "fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
+
+
+def _compose(*overrides, config_name="darl_trainer"):
+    with initialize_config_module(config_module="recipe.darl.config", version_base=None):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def _attn(cfg):
+    return (cfg.actor_rollout_ref.model.get("override_config") or {}).get("attn_implementation")
+
+
+# --------------------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("config_name", ["darl_trainer", "darl_fully_async_trainer"])
+def test_flash_attn_importable_keeps_verls_default(config_name):
+    cfg = _compose(config_name=config_name)
+    assert _attn(cfg) is None  # verl then uses flash_attention_2 (verl/workers/config/model.py)
+    assert select_attention(cfg, importable=lambda: True) is None
+    assert _attn(cfg) is None
+
+
+@pytest.mark.parametrize("config_name", ["darl_trainer", "darl_fully_async_trainer"])
+def test_missing_flash_attn_selects_sdpa_and_says_so(config_name):
+    cfg = _compose(config_name=config_name)
+    line = select_attention(cfg, importable=lambda: False)
+    assert _attn(cfg) == "sdpa"
+    assert line.count("\n") == 0 and "flash_attn cannot be imported" in line and "attn_implementation=sdpa" in line
+
+
+@pytest.mark.parametrize("chosen", ["eager", "sdpa", "flash_attention_2"])
+def test_an_explicit_choice_is_kept(chosen):
+    cfg = _compose(f"++actor_rollout_ref.model.override_config.attn_implementation={chosen}")
+    line = select_attention(cfg, importable=lambda: False)
+    assert _attn(cfg) == chosen
+    if chosen == "flash_attention_2":  # kept, with a warning that the workers will fail
+        assert "warning" in line and "flash_attn cannot be imported" in line
+    else:
+        assert line is None
+    assert select_attention(cfg, importable=lambda: True) is None and _attn(cfg) == chosen
+
+
+def test_verl_builds_the_model_config_with_sdpa(tiny_model):
+    """The key set is the one verl 0.9.1 reads: its HFModelConfig loads the hf_config with sdpa."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = _compose(f"actor_rollout_ref.model.path={tiny_model}")
+    select_attention(cfg, importable=lambda: False)
+    model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
+    assert model_config.hf_config._attn_implementation == "sdpa"
+
+
+def test_flash_attn_importable_detects_the_package(tmp_path, monkeypatch):
+    for name in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
+        monkeypatch.delitem(sys.modules, name)  # put back after the test
+    assert preflight.flash_attn_importable() is flash_attn_importable()
+    good, broken = tmp_path / "good", tmp_path / "broken"
+    (good / "flash_attn").mkdir(parents=True)
+    (good / "flash_attn" / "__init__.py").write_text("")
+    (broken / "flash_attn").mkdir(parents=True)  # a build against another torch fails at import
+    (broken / "flash_attn" / "__init__.py").write_text("raise OSError('undefined symbol: _ZN3c10')\n")
+    try:
+        monkeypatch.syspath_prepend(str(broken))
+        assert preflight.flash_attn_importable() is False
+        sys.modules.pop("flash_attn", None)
+        monkeypatch.syspath_prepend(str(good))
+        assert preflight.flash_attn_importable() is True
+    finally:
+        sys.modules.pop("flash_attn", None)  # never leave the stand-in behind
+
+
+@pytest.mark.skipif(flash_attn_importable(), reason="flash_attn is installed here: nothing to fall back from")
+@pytest.mark.parametrize("script", [PMIS_17B, FA_PMIS], ids=["one_step_off", "fully_async"])
+def test_launch_scripts_fall_back_to_sdpa_with_one_line(script, tmp_path):
+    env = base_env(tmp_path)
+    p = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stderr.count("flash_attn cannot be imported: using attn_implementation=sdpa") == 1
+    cfg = parse_dry_run(p.stdout)
+    assert cfg["actor_rollout_ref"]["model"]["override_config"]["attn_implementation"] == "sdpa"
+
+    # the user's own choice wins, silently
+    p = subprocess.run(["bash", str(script), "++actor_rollout_ref.model.override_config.attn_implementation=eager"],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "attn_implementation" not in p.stderr
+    assert parse_dry_run(p.stdout)["actor_rollout_ref"]["model"]["override_config"]["attn_implementation"] == "eager"
+
+
+# --------------------------------------------------------------------------- logger
+
+
+def _netrc(tmp_path, text):
+    path = tmp_path / "netrc"
+    path.write_text(text)
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_wandb_credentials(tmp_path):
+    home = str(tmp_path / "home")  # no .netrc there
+    assert not wandb_credentials_found({}, home=home)
+    assert not wandb_credentials_found({"WANDB_API_KEY": " "}, home=home)
+    assert wandb_credentials_found({"WANDB_API_KEY": "k"}, home=home)
+    assert wandb_credentials_found({"WANDB_MODE": "offline"}, home=home)
+    assert not wandb_credentials_found({"WANDB_MODE": "online"}, home=home)
+    ok = _netrc(tmp_path, "machine api.wandb.ai\n  login user\n  password secret\n")
+    assert wandb_credentials_found({"NETRC": ok}, home=home)
+    other = _netrc(tmp_path, "machine example.com login user password secret\n")
+    assert not wandb_credentials_found({"NETRC": other}, home=home)
+    own = _netrc(tmp_path, "machine wandb.corp.example login user password secret\n")
+    assert wandb_credentials_found({"NETRC": own, "WANDB_BASE_URL": "https://wandb.corp.example:8443"}, home=home)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / ".netrc").write_text("machine api.wandb.ai login user password secret\n")
+    (tmp_path / "home" / ".netrc").chmod(0o600)
+    assert wandb_credentials_found({}, home=home)  # ~/.netrc, where `wandb login` writes
+
+
+def test_wandb_logger_without_credentials_is_a_problem(tmp_path):
+    home = str(tmp_path)
+    cfg = _compose()  # verl's default logger: console + wandb
+    (problem,) = logger_problems(cfg, env={}, home=home)
+    assert "trainer.logger" in problem and "WANDB_API_KEY" in problem and "wandb" in problem
+    assert logger_problems(cfg, env={"WANDB_API_KEY": "k"}, home=home) == []
+    assert logger_problems(_compose('trainer.logger=["console","tensorboard"]'), env={}, home=home) == []
+    assert logger_problems(_compose("trainer.logger=wandb"), env={}, home=home) != []
+
+
+def test_launch_script_refuses_wandb_without_credentials_before_ray(tmp_path):
+    env = base_env(tmp_path)
+    env["LOGGER"] = '["console","wandb"]'
+    p = subprocess.run(["bash", str(PMIS_17B)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert p.returncode != 0
+    assert "trainer.logger=['console', 'wandb'] includes wandb" in p.stderr and "WANDB_API_KEY" in p.stderr
+    assert "trainer:" not in p.stdout  # refused before the dry run printed its config (and before Ray, in a real run)
+    env["WANDB_API_KEY"] = "not-a-real-key"
+    p = subprocess.run(["bash", str(PMIS_17B)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert parse_dry_run(p.stdout)["trainer"]["logger"] == ["console", "wandb"]
+
+
+@pytest.mark.parametrize("setting, expected", [
+    ({}, '["console","tensorboard"]'),
+    ({"WANDB_API_KEY": "k"}, '["console","tensorboard","wandb"]'),
+    ({"NETRC": "wandb"}, '["console","tensorboard","wandb"]'),
+    ({"NETRC": "other"}, '["console","tensorboard"]'),
+    ({"LOGGER": '["console"]', "WANDB_API_KEY": "k"}, '["console"]'),
+    ({"LOGGER": '["console","wandb"]'}, '["console","wandb"]'),
+])
+def test_common_sh_logger_default(setting, expected, tmp_path):
+    """console + tensorboard by default; wandb added when WANDB_API_KEY or a netrc key for api.wandb.ai is there."""
+    env = base_env(tmp_path)
+    env.update(DARL_PRINT_CMD="1", **setting)
+    if setting.get("NETRC") == "wandb":
+        env["NETRC"] = _netrc(tmp_path, "machine api.wandb.ai\n  login user\n  password secret\n")
+    elif setting.get("NETRC") == "other":
+        env["NETRC"] = _netrc(tmp_path, "machine api.wandb.aix login user password secret\n")
+    out = subprocess.run(["bash", str(PMIS_17B)], env=env, capture_output=True, text=True, check=True).stdout
+    (logger,) = [w for w in shlex.split(out) if w.startswith("trainer.logger=")]  # undo printf %q
+    assert logger == "trainer.logger=" + expected
