@@ -16,7 +16,11 @@
 #   ROLLOUT_NNODES    rollout nodes (rollout.nnodes) [1]
 #   ROLLOUT_GPUS      rollout GPUs per node (rollout.n_gpus_per_node) [from the script's name, e.g. 1]
 #   ROLLOUT_TP        vLLM tensor parallel size per replica [1]
-#   GPU_MEMORY_UTILIZATION  vLLM's share of each rollout GPU (the rollout GPUs are its own) [0.85]
+#   GPU_MEMORY_UTILIZATION  vLLM's share of each rollout GPU [0.8; verl's own tests use 0.6-0.8]. The weight
+#                     sync's buffers (up to 3 x WEIGHT_SYNC_BUCKET_MB) live outside it on the same GPU (docs/gpu.md)
+#   WEIGHT_SYNC_BUCKET_MB  checkpoint_engine.update_weights_bucket_megabytes [1024; verl's default is 2048]
+#   MAX_TOKENS_PER_GPU  actor.ppo_max_token_len_per_gpu, the tokens of one micro-batch (dynamic batch size);
+#                     the log-prob passes take twice as many [1.7b: 24576; 4b: 16384; at least prompt + response]
 #   TRAIN_BATCH_SIZE  prompts per step (data.train_batch_size) [128]
 #   MINI_BATCH_SIZE   prompts per optimizer step (actor.ppo_mini_batch_size) [32]
 #   N_RESPONSES       responses per prompt, the GRPO group (rollout.n) [8]
@@ -27,12 +31,25 @@
 #   ENABLE_THINKING   Qwen3 chat template's enable_thinking (data.apply_chat_template_kwargs) [false]
 #   PROJECT_NAME      trainer.project_name [darl]
 #   EXPERIMENT_NAME   trainer.experiment_name [the script's file name without .sh]
-#   LOGGER            trainer.logger, a Hydra list ['["console","wandb"]']; e.g. '["console"]' without wandb
+#   LOGGER            trainer.logger, a Hydra list ['["console","tensorboard"]', plus "wandb" when WANDB_API_KEY
+#                     is set or ~/.netrc has a key for api.wandb.ai (`wandb login`)]; e.g. '["console","wandb"]'.
+#                     A logger with wandb and no wandb credentials is refused before Ray starts.
+#                     tensorboard writes to $TENSORBOARD_DIR [verl: tensorboard_log/<project>/<experiment>]
 #   CKPT_ROOT         checkpoints go to $CKPT_ROOT/$PROJECT_NAME/$EXPERIMENT_NAME [$HOME/checkpoints]
 #   CKPT_DIR          or set that folder directly; it must stay the same across restarts for resume
 #   RESUME_MODE       trainer.resume_mode: auto (latest checkpoint in CKPT_DIR, if any) | disable | resume_path [auto]
 #   DARL_DRY_RUN      1: print the resolved config and exit before Ray starts (no GPU needed)
 #   DARL_PRINT_CMD    1: print the command instead of running it
+
+# True when wandb can log in without asking: WANDB_API_KEY, or a key for its host in the netrc file `wandb login`
+# writes (the same test as recipe/darl/glue/preflight.py, which refuses a wandb logger without them).
+darl_wandb_configured() {
+    [[ -n "${WANDB_API_KEY:-}" ]] && return 0
+    local host="${WANDB_BASE_URL:-https://api.wandb.ai}"
+    host="${host#*://}"
+    host="${host%%[:/]*}"
+    grep -Eqs "(^|[[:space:]])machine[[:space:]]+${host//./\\.}([[:space:]]|\$)" "${NETRC:-$HOME/.netrc}"
+}
 
 darl_setup() {
     local model="$1" dataset="$2" trainer_gpus="$3" rollout_gpus="$4"
@@ -64,7 +81,8 @@ darl_setup() {
     ROLLOUT_NNODES="${ROLLOUT_NNODES:-1}"
     ROLLOUT_GPUS="${ROLLOUT_GPUS:-$rollout_gpus}"
     ROLLOUT_TP="${ROLLOUT_TP:-1}"
-    GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-0.85}"
+    GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-0.8}"
+    WEIGHT_SYNC_BUCKET_MB="${WEIGHT_SYNC_BUCKET_MB:-1024}"
     TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-128}"
     MINI_BATCH_SIZE="${MINI_BATCH_SIZE:-32}"
     N_RESPONSES="${N_RESPONSES:-8}"
@@ -74,10 +92,13 @@ darl_setup() {
     ENABLE_THINKING="${ENABLE_THINKING:-false}"
     PROJECT_NAME="${PROJECT_NAME:-darl}"
     EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)}"
-    LOGGER="${LOGGER:-[\"console\",\"wandb\"]}"
+    if [[ -z "${LOGGER:-}" ]]; then
+        if darl_wandb_configured; then LOGGER='["console","tensorboard","wandb"]'; else LOGGER='["console","tensorboard"]'; fi
+    fi
     CKPT_ROOT="${CKPT_ROOT:-$HOME/checkpoints}"
     CKPT_DIR="${CKPT_DIR:-$CKPT_ROOT/$PROJECT_NAME/$EXPERIMENT_NAME}"
     RESUME_MODE="${RESUME_MODE:-auto}"
+    _max_tokens_per_gpu="${MAX_TOKENS_PER_GPU:-$_max_tokens_per_gpu}"
     local seq_len=$((MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH))
     (( _max_tokens_per_gpu < seq_len )) && _max_tokens_per_gpu=$seq_len
     _log_prob_tokens_per_gpu=$((2 * _max_tokens_per_gpu))
@@ -124,6 +145,7 @@ darl_setup() {
         "actor_rollout_ref.rollout.n=$N_RESPONSES"
         "actor_rollout_ref.rollout.tensor_model_parallel_size=$ROLLOUT_TP"
         "actor_rollout_ref.rollout.gpu_memory_utilization=$GPU_MEMORY_UTILIZATION"
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=$WEIGHT_SYNC_BUCKET_MB"
         actor_rollout_ref.rollout.temperature=1.0
         actor_rollout_ref.rollout.top_p=1.0
         actor_rollout_ref.rollout.calculate_log_probs=true
