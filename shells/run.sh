@@ -51,13 +51,24 @@
 #   RAY_HEAD_IP    the head's address [the first node's first IP address]
 #   RAY_WAIT_S     seconds to wait for all Ray nodes [300]
 #   RAY_HEAD_DELAY_S  seconds between starting the head and the workers [10]
-#   CUDA_DEVICE_MAX_CONNECTIONS [1]   NCCL_DEBUG [WARN]   NCCL_SOCKET_IFNAME / NCCL_IB_HCA /
-#   NCCL_IB_DISABLE / GLOO_SOCKET_IFNAME [unset: NCCL's own choice]   TOKENIZERS_PARALLELISM [false]
-#   VLLM_USE_V1 [1]   RAY_DEDUP_LOGS [0]   HF_HOME, WANDB_API_KEY, WANDB_MODE: passed through as set
+#   GPU_CHECK      0: skip the GPU check below [1]
+#   NCCL_DEBUG [WARN]   NCCL_SOCKET_IFNAME / NCCL_IB_HCA / NCCL_IB_DISABLE / GLOO_SOCKET_IFNAME [unset:
+#   NCCL's own choice]   TOKENIZERS_PARALLELISM [false]   VLLM_USE_V1 [1]   RAY_DEDUP_LOGS [0]
+#   HF_HOME, WANDB_API_KEY, WANDB_MODE, CUDA_DEVICE_MAX_CONNECTIONS: passed through as set (run.sh does not
+#   set CUDA_DEVICE_MAX_CONNECTIONS: verl 0.9.1 sets it for Megatron only; with FSDP2, 1 serialises compute
+#   and prefetch, verl PR #6976)
 #   The launch scripts' own variables (MODEL_PATH, DATA_DIR, TRAINER_GPUS, ROLLOUT_GPUS, NNODES,
 #   ROLLOUT_NNODES, EXPERIMENT_NAME, PROJECT_NAME, LOGGER, CKPT_ROOT, ...; see shells/common.sh) pass
-#   through to SCRIPT. The trainer and rollout GPUs together, NNODES*TRAINER_GPUS +
-#   ROLLOUT_NNODES*ROLLOUT_GPUS, must fit in the job's nodes x GPUS_PER_NODE.
+#   through to SCRIPT.
+#
+# GPU check, before sbatch and again in the job before Ray starts: SCRIPT's GPU needs are read from the
+# command it would run (DARL_PRINT_CMD=1: trainer.nnodes x trainer.n_gpus_per_node and rollout.nnodes x
+# rollout.n_gpus_per_node, after the environment and the overrides given here); for a script that is not a
+# D-ARL launch script, from NNODES*TRAINER_GPUS + ROLLOUT_NNODES*ROLLOUT_GPUS when those are set. verl puts
+# each node's share of a pool on one node (a STRICT_PACK placement group), so the shares must pack into the
+# job's nodes x GPUs per node: at submission from SBATCH_ARGS and the #SBATCH lines above (--nodes,
+# --gpus-per-node, --gres=gpu:N, --gpus), in the job from Slurm's node list and GPUS_PER_NODE.
+# A job that cannot hold them is refused with what the script needs and what the job has.
 set -euo pipefail
 
 DRY_RUN="${DRY_RUN:-0}"
@@ -78,12 +89,133 @@ if [[ $# -gt 0 && "$1" == *.sh ]]; then
 fi
 SCRIPT="${SCRIPT:-$DEFAULT_SCRIPT}"
 
+# ---------------------------------------------------------------- GPU needs and the allocation
+NEEDS=()  # trainer nodes, trainer GPUs per node, rollout nodes, rollout GPUs per node (empty: unknown)
+NEEDS_FROM=""
+last_value() {  # last_value KEY WORDS...: the last KEY=value (also +KEY, ++KEY) among WORDS, as Hydra takes it
+    local key="$1" w v=""
+    shift
+    for w in "$@"; do
+        w="${w#++}"
+        w="${w#+}"
+        if [[ "$w" == "$key="* ]]; then v="${w#"$key="}"; fi
+    done
+    printf '%s' "$v"
+}
+script_gpu_needs() {  # script_gpu_needs SCRIPT_FILE [overrides...]: fills NEEDS and NEEDS_FROM
+    local file="$1" out tn tg rn rg
+    shift
+    NEEDS=()
+    if grep -qs 'darl_setup' "$file"; then
+        if ! out="$(DARL_PRINT_CMD=1 DRY_RUN=0 bash "$file" "$@" 2>/dev/null)"; then
+            log "warning: $SCRIPT failed to print its command (DARL_PRINT_CMD=1); its GPU needs are not checked"
+            return 0
+        fi
+        local -a words
+        read -r -a words <<< "$out"
+        tn="$(last_value trainer.nnodes "${words[@]}")"
+        tg="$(last_value trainer.n_gpus_per_node "${words[@]}")"
+        rn="$(last_value rollout.nnodes "${words[@]}")"
+        rg="$(last_value rollout.n_gpus_per_node "${words[@]}")"
+        NEEDS_FROM="the command it would run, DARL_PRINT_CMD=1"
+    elif [[ -n "${TRAINER_GPUS:-}" && -n "${ROLLOUT_GPUS:-}" ]]; then
+        tn="${NNODES:-1}" tg="$TRAINER_GPUS" rn="${ROLLOUT_NNODES:-1}" rg="$ROLLOUT_GPUS"
+        NEEDS_FROM="NNODES, TRAINER_GPUS, ROLLOUT_NNODES, ROLLOUT_GPUS"
+    else
+        return 0
+    fi
+    local x
+    for x in "$tn" "$tg" "$rn" "$rg"; do
+        if ! [[ "$x" =~ ^[0-9]+$ ]]; then
+            log "warning: could not read $SCRIPT's GPU needs from $NEEDS_FROM (got '$tn' '$tg' '$rn' '$rg'); not checked"
+            return 0
+        fi
+    done
+    NEEDS=("$tn" "$tg" "$rn" "$rg")
+}
+pools_fit() {  # pools_fit NODES GPUS_PER_NODE: NEEDS' per-node shares packed into the nodes (first fit, largest first)
+    local nodes="$1" per="$2" i share placed
+    local -a free=() shares=()
+    for ((i = 0; i < nodes; i++)); do free+=("$per"); done
+    for ((i = 0; i < NEEDS[0]; i++)); do shares+=("${NEEDS[1]}"); done
+    for ((i = 0; i < NEEDS[2]; i++)); do shares+=("${NEEDS[3]}"); done
+    (( ${#shares[@]} )) || return 0
+    mapfile -t shares < <(printf '%s\n' "${shares[@]}" | sort -rn)
+    for share in "${shares[@]}"; do
+        placed=0
+        for ((i = 0; i < nodes; i++)); do
+            if (( free[i] >= share )); then free[i]=$(( free[i] - share )); placed=1; break; fi
+        done
+        (( placed )) || return 1
+    done
+}
+check_gpus() {  # check_gpus NODES GPUS_PER_NODE TOTAL_GPUS WHO: exits 1 when SCRIPT's needs do not fit
+    local nodes="$1" per="$2" total="$3" who="$4"
+    [[ "${GPU_CHECK:-1}" == 0 || ${#NEEDS[@]} -eq 0 ]] && return 0
+    local need=$(( NEEDS[0] * NEEDS[1] + NEEDS[2] * NEEDS[3] ))
+    local have ok=1 x
+    for x in "$nodes" "$per" "$total"; do
+        if [[ -n "$x" && ! "$x" =~ ^[0-9]+$ ]]; then
+            log "warning: could not read what $who ('$nodes' nodes, '$per' GPUs per node, '$total' GPUs); $SCRIPT's GPUs not checked"
+            return 0
+        fi
+    done
+    if [[ -n "$per" ]]; then
+        have="$nodes node(s) x $per GPUs = $(( nodes * per ))"
+        pools_fit "$nodes" "$per" || ok=0
+    elif [[ -n "$total" ]]; then
+        have="$total GPUs in all (--gpus)"
+        (( need <= total )) || ok=0
+    else
+        log "warning: not known how many GPUs $who per node; $SCRIPT's $need GPUs not checked"
+        return 0
+    fi
+    if (( ! ok )); then
+        log "error: $SCRIPT needs $need GPUs: trainer ${NEEDS[0]} node(s) x ${NEEDS[1]} + rollout ${NEEDS[2]} node(s) x ${NEEDS[3]}" \
+            "(from $NEEDS_FROM), but $who $have; verl places each node's share of a pool on one node." \
+            "Ask for more (e.g. SBATCH_ARGS=\"--nodes=2\" or \"--gpus-per-node=4\") or lower" \
+            "NNODES/TRAINER_GPUS/ROLLOUT_NNODES/ROLLOUT_GPUS; GPU_CHECK=0 skips this check"
+        exit 1
+    fi
+}
+sbatch_allocation() {  # sbatch_allocation FLAGS...: ALLOC_NODES, ALLOC_PER_NODE, ALLOC_TOTAL from sbatch flags
+    local a next="" v
+    for a in "$@"; do
+        if [[ -n "$next" ]]; then a="$next=$a"; next=""; fi
+        case "$a" in
+            --nodes|-N|--gpus-per-node|--gres|--gpus|-G) next="$a"; continue ;;
+            -N[0-9]*) a="--nodes=${a#-N}" ;;
+            -G[0-9]*) a="--gpus=${a#-G}" ;;
+        esac
+        case "$a" in
+            --nodes=*|-N=*) v="${a#*=}"; ALLOC_NODES="${v%%[-:]*}" ;;  # a range: its minimum
+            --gpus-per-node=*) v="${a#*=}"; ALLOC_PER_NODE="${v##*:}" ALLOC_TOTAL="" ;;  # [type:]count
+            --gres=*) v="${a#*=}"
+                if [[ ",$v" =~ ,gpu(:[A-Za-z0-9_.-]+)?:([0-9]+)(\(|,|$) ]]; then ALLOC_PER_NODE="${BASH_REMATCH[2]}" ALLOC_TOTAL=""
+                elif [[ ",$v," == *,gpu,* ]]; then ALLOC_PER_NODE=1 ALLOC_TOTAL=""; fi ;;
+            --gpus=*|-G=*) v="${a#*=}"; ALLOC_TOTAL="${v##*:}" ALLOC_PER_NODE="" ;;  # GPUs of the whole job
+        esac
+    done
+}
+
 # ---------------------------------------------------------------- outside a job: submit
 if [[ -z "${SLURM_JOB_ID:-}" ]]; then
     DARL_ROOT="${DARL_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
     LOG_DIR="${LOG_DIR:-$DARL_ROOT/logs}"
-    [[ "$DRY_RUN" == 1 ]] || mkdir -p "$LOG_DIR"
     read -r -a extra <<< "${SBATCH_ARGS:-}"
+    script_file="$SCRIPT"
+    [[ -f "$script_file" ]] || script_file="$DARL_ROOT/$SCRIPT"
+    if [[ ! -f "$script_file" ]]; then
+        log "error: launch script $SCRIPT not found (relative to $PWD or $DARL_ROOT)"
+        exit 1
+    fi
+    # the allocation asked for: the #SBATCH lines of this file, then SBATCH_ARGS (sbatch: the last flag wins)
+    mapfile -t header < <(sed -n 's/^#SBATCH[[:space:]]\{1,\}//p' "${BASH_SOURCE[0]}")
+    ALLOC_NODES=1 ALLOC_PER_NODE="" ALLOC_TOTAL=""
+    sbatch_allocation "${header[@]}" "${extra[@]}"
+    script_gpu_needs "$script_file" "$@"
+    check_gpus "$ALLOC_NODES" "$ALLOC_PER_NODE" "$ALLOC_TOTAL" "the job asks for (#SBATCH lines, SBATCH_ARGS)"
+    [[ "$DRY_RUN" == 1 ]] || mkdir -p "$LOG_DIR"
     show sbatch --chdir="$DARL_ROOT" --output="$LOG_DIR/%x-%j.out" \
         --export="ALL,DARL_ROOT=$DARL_ROOT,LOG_DIR=$LOG_DIR,SCRIPT=$SCRIPT" \
         "${extra[@]}" "$DARL_ROOT/shells/run.sh" "$@"
@@ -122,8 +254,7 @@ fi
 export PYTHON="${PYTHON:-python3}"
 export PYTHONPATH="$DARL_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
-# CUDA / NCCL / libraries
-export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
+# CUDA / NCCL / libraries (no CUDA_DEVICE_MAX_CONNECTIONS: see the variables above)
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
 export VLLM_USE_V1="${VLLM_USE_V1:-1}"
@@ -144,6 +275,8 @@ if [[ -z "${GPUS_PER_NODE:-}" ]]; then
         GPUS_PER_NODE=0
     fi
 fi
+script_gpu_needs "$SCRIPT" "$@"
+check_gpus "${#NODES[@]}" "$GPUS_PER_NODE" "" "job $SLURM_JOB_ID has"
 CPUS_PER_NODE="${CPUS_PER_NODE:-${SLURM_CPUS_PER_TASK:-$(nproc)}}"
 RAY_PORT="${RAY_PORT:-6379}"
 if [[ -z "${RAY_HEAD_IP:-}" ]]; then
@@ -151,15 +284,6 @@ if [[ -z "${RAY_HEAD_IP:-}" ]]; then
 fi
 export RAY_ADDRESS="$RAY_HEAD_IP:$RAY_PORT"
 log "nodes: ${NODES[*]} (head $HEAD at $RAY_ADDRESS), $GPUS_PER_NODE GPU and $CPUS_PER_NODE CPU per node"
-
-if [[ -n "${TRAINER_GPUS:-}" && -n "${ROLLOUT_GPUS:-}" ]]; then
-    need=$(( ${NNODES:-1} * TRAINER_GPUS + ${ROLLOUT_NNODES:-1} * ROLLOUT_GPUS ))
-    have=$(( ${#NODES[@]} * GPUS_PER_NODE ))
-    if (( need > have )); then
-        log "error: trainer ${NNODES:-1}x$TRAINER_GPUS + rollout ${ROLLOUT_NNODES:-1}x$ROLLOUT_GPUS = $need GPUs, the job has $have"
-        exit 1
-    fi
-fi
 
 RAY_PIDS=()
 cleanup() {

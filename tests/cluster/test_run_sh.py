@@ -34,9 +34,12 @@ def slurm(tmp_path):
         (bin_dir / name).chmod(0o755)
     script = tmp_path / "record.sh"
     script.write_text('echo "ARGS: $*"\necho "RAY_ADDRESS=$RAY_ADDRESS PYTHONPATH=$PYTHONPATH NCCL_DEBUG=$NCCL_DEBUG"\n'
+                      'echo "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS-unset}"\n'
                       '[[ -n "${SLEEP:-}" ]] && exec sleep "$SLEEP"\nexit "${EXIT_CODE:-0}"\n')
     env = dict(os.environ)
-    env.pop("SLURM_JOB_ID", None)
+    for key in ("SLURM_JOB_ID", "SBATCH_ARGS", "GPU_CHECK", "GPUS_PER_NODE", "TRAINER_GPUS", "ROLLOUT_GPUS", "NNODES",
+                "ROLLOUT_NNODES", "CUDA_DEVICE_MAX_CONNECTIONS", "DARL_PRINT_CMD", "DRY_RUN"):
+        env.pop(key, None)
     env.update(PATH=f"{bin_dir}:{env['PATH']}", STUB_LOG=str(tmp_path / "calls.log"), LOG_DIR=str(tmp_path / "logs"),
                VENV="none", RAY_HEAD_DELAY_S="0")
     job = dict(env, SLURM_JOB_ID="777", SLURM_JOB_NAME="darl", SLURM_JOB_NODELIST="gpu1,gpu2,gpu3",
@@ -95,6 +98,8 @@ def test_job_starts_ray_on_every_node_then_the_script(slurm):
     log = (tmp / "logs" / "darl-777-restart1.log").read_text()  # per job and restart
     assert "ARGS: x=1 y=two words" in log
     assert f"RAY_ADDRESS=10.1.2.3:6379 PYTHONPATH={ROOT}" in log and "NCCL_DEBUG=WARN" in log
+    # not set by run.sh: verl 0.9.1 sets it for Megatron only; with FSDP2 it serialises compute and prefetch
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=unset" in log
     assert (tmp / "logs" / "darl-777-ray-gpu1.log").exists() and (tmp / "logs" / "darl-777-ray-gpu3.log").exists()
 
 
@@ -117,11 +122,108 @@ def test_job_propagates_the_scripts_exit_status(slurm):
 
 
 def test_job_refuses_more_gpus_than_allocated(slurm):
+    """A script that is not a D-ARL launch script: its needs from TRAINER_GPUS / ROLLOUT_GPUS, as before."""
     tmp, _, job, script = slurm
     job.update(TRAINER_GPUS="16", ROLLOUT_GPUS="16")  # 32 > 3 nodes x 8
     p = subprocess.run(["bash", str(RUN_SH), str(script)], env=job, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1 and "= 32 GPUs, the job has 24" in p.stderr
-    assert not any(x.startswith("ray start") for x in calls(tmp))
+    assert p.returncode == 1 and "needs 32 GPUs" in p.stderr and "job 777 has 3 node(s) x 8 GPUs = 24" in p.stderr
+    assert not any(x.startswith(("ray start", "srun")) for x in calls(tmp))
+
+
+def test_job_passes_cuda_device_max_connections_through_when_set(slurm):
+    tmp, _, job, script = slurm
+    job["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
+    subprocess.run(["bash", str(RUN_SH), str(script)], env=job, capture_output=True, timeout=60, check=True)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=8" in (tmp / "logs" / "darl-777-restart1.log").read_text()
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in RUN_SH.read_text().split("set -euo pipefail")[1].replace(
+        "no CUDA_DEVICE_MAX_CONNECTIONS", "")
+
+
+# --------------------------------------------------------------------------- the GPU check: script needs vs. allocation
+
+FOUR_B = "shells/one_step_off_grpo_4b_math_fsdp2_2_2_replay_4_pmis_sg.sh"  # trainer 2 + rollout 2
+ONE_SEVEN_B = "shells/one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"  # 1 + 1
+FULLY_ASYNC = "shells/fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"  # 1 + 1
+
+
+def _submit(env, script, *args, **extra):
+    env = dict(env, **extra)
+    return subprocess.run(["bash", str(RUN_SH), script, *args], env=env, cwd=str(ROOT), capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_submit_refuses_the_4b_script_on_run_sh_defaults(slurm):
+    """run.sh's #SBATCH defaults (1 node x 2 GPUs) cannot hold 2 + 2: refused before sbatch, saying what and why."""
+    tmp, env, _, _ = slurm
+    p = _submit(env, FOUR_B)
+    assert p.returncode == 1 and not calls(tmp) and not (tmp / "logs").exists()
+    msg = p.stderr
+    assert FOUR_B in msg and "needs 4 GPUs: trainer 1 node(s) x 2 + rollout 1 node(s) x 2" in msg
+    assert "the job asks for (#SBATCH lines, SBATCH_ARGS) 1 node(s) x 2 GPUs = 2" in msg
+    assert p.stdout == ""  # no sbatch command printed either
+    # the same under DRY_RUN: refused, nothing printed
+    p = _submit(env, FOUR_B, DRY_RUN="1")
+    assert p.returncode == 1 and p.stdout == ""
+
+
+@pytest.mark.parametrize("sbatch_args", ["--nodes=2", "-N 2", "-N2", "--nodes=2-4", "--gpus-per-node=4",
+                                         "--gres=gpu:4", "--gres=gpu:a100:4", "--gpus=4", "-G 4",
+                                         "--partition=gpu --gpus-per-node=8 --account=x"])
+def test_submit_accepts_an_allocation_that_holds_the_script(slurm, sbatch_args):
+    tmp, env, _, _ = slurm
+    p = _submit(env, FOUR_B, "trainer.total_epochs=1", SBATCH_ARGS=sbatch_args)
+    assert p.returncode == 0, p.stderr
+    (call,) = calls(tmp)
+    assert call.startswith("sbatch ") and sbatch_args in call and call.endswith("trainer.total_epochs=1")
+
+
+@pytest.mark.parametrize("sbatch_args, extra, args, needs", [
+    ("--gpus=3", {}, [], "needs 4 GPUs"),
+    ("--gres=gpu:3", {}, [], "needs 4 GPUs"),
+    # 4 + 1 = 5 of 2 x 3 = 6 GPUs, but the trainer's 4 must be on one node (verl's STRICT_PACK placement group)
+    ("--nodes=2 --gpus-per-node=3", {"TRAINER_GPUS": "4", "ROLLOUT_GPUS": "1"}, [], "needs 5 GPUs"),
+    # overrides on the command line count, as the script would pass them to Hydra (the last one wins)
+    ("--gpus-per-node=4", {}, ["trainer.n_gpus_per_node=1", "trainer.n_gpus_per_node=3"], "needs 5 GPUs"),
+    ("--gpus-per-node=4", {"ROLLOUT_NNODES": "2"}, [], "needs 6 GPUs"),
+])
+def test_submit_refuses_what_the_allocation_cannot_hold(slurm, sbatch_args, extra, args, needs):
+    tmp, env, _, _ = slurm
+    p = _submit(env, FOUR_B, *args, SBATCH_ARGS=sbatch_args, **extra)
+    assert p.returncode == 1 and needs in p.stderr and not calls(tmp)
+
+
+def test_submit_checks_the_fully_async_scripts_and_can_be_skipped(slurm):
+    tmp, env, _, _ = slurm
+    assert _submit(env, FULLY_ASYNC).returncode == 0  # 1 + 1 on the default 1 x 2
+    p = _submit(env, FULLY_ASYNC, TRAINER_GPUS="2")
+    assert p.returncode == 1 and FULLY_ASYNC in p.stderr and "needs 3 GPUs" in p.stderr
+    assert _submit(env, FULLY_ASYNC, TRAINER_GPUS="2", GPU_CHECK="0").returncode == 0
+    assert len(calls(tmp)) == 2
+
+
+def test_submit_refuses_a_missing_script(slurm):
+    tmp, env, _, _ = slurm
+    p = _submit(env, "shells/no_such_script.sh")
+    assert p.returncode == 1 and "no_such_script.sh not found" in p.stderr and not calls(tmp)
+
+
+def test_job_refuses_the_4b_script_on_too_few_gpus_before_ray(slurm):
+    """Inside the job (sbatch run directly, or flags that did not hold): Slurm's nodes x GPUs, before any srun or ray."""
+    tmp, _, job, _ = slurm
+    job.update(SLURM_JOB_NODELIST="gpu1", SLURM_GPUS_ON_NODE="2")
+    p = subprocess.run(["bash", str(RUN_SH), FOUR_B], env=job, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert FOUR_B in p.stderr and "needs 4 GPUs" in p.stderr and "job 777 has 1 node(s) x 2 GPUs = 2" in p.stderr
+    assert calls(tmp) == ["scontrol show hostnames gpu1"]  # no srun, no ray, no launch
+    assert not (tmp / "logs" / "darl-777-restart1.log").exists()
+
+
+def test_job_accepts_the_4b_script_on_two_nodes(slurm):
+    tmp, _, job, _ = slurm
+    job.update(SLURM_JOB_NODELIST="gpu1,gpu2", SLURM_GPUS_ON_NODE="2", DRY_RUN="1")
+    p = subprocess.run(["bash", str(RUN_SH), FOUR_B], env=job, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1] == f"+ env RAY_ADDRESS=10.1.2.3:6379 bash {FOUR_B}"
 
 
 def test_usr1_before_the_time_limit_requeues(slurm):
