@@ -65,3 +65,29 @@ def test_dry_run_reports_config_errors(tmp_path):
     p = subprocess.run(["bash", str(PMIS_17B), "+replay.kk=3"], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert p.returncode != 0
     assert "nope.parquet does not exist" in p.stderr and "replay.kk" in p.stderr
+
+
+def test_memory_settings_from_the_environment(tmp_path):
+    """The knobs docs/gpu.md names for 40 GB cards: vLLM's share, the weight-sync bucket, the micro-batch tokens."""
+    import shlex
+
+    env = base_env(tmp_path)
+    env.update(DARL_PRINT_CMD="1")
+
+    def words(**extra):
+        out = subprocess.run(["bash", str(PMIS_17B)], env=dict(env, **extra), capture_output=True, text=True,
+                             check=True).stdout
+        return dict(w.split("=", 1) for w in shlex.split(out) if "=" in w)
+
+    default = words()
+    assert default["actor_rollout_ref.rollout.gpu_memory_utilization"] == "0.8"
+    assert default["actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"] == "1024"
+    assert default["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "24576"
+    assert default["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == "49152"
+    low = words(GPU_MEMORY_UTILIZATION="0.7", WEIGHT_SYNC_BUCKET_MB="512", MAX_TOKENS_PER_GPU="8192")
+    assert low["actor_rollout_ref.rollout.gpu_memory_utilization"] == "0.7"
+    assert low["actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"] == "512"
+    assert low["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "8192"
+    assert low["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == "16384"
+    # never below one whole sequence (prompt 512 + response 1024 on GSM8K)
+    assert words(MAX_TOKENS_PER_GPU="1000")["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "1536"
