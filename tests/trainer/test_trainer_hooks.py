@@ -244,9 +244,11 @@ def test_preset_keeps_fresh_groups_adds_least_reused_and_recomputes_only_what_it
     run_step(trainer, step1)
     # 3 fresh groups: rounding down drops one (no replayed group to round up with); only they are recomputed
     assert uids(trainer.trained[-1]) == [a, b] and calls == [[a, b]]
+    assert trainer.metrics["replay/fresh_deferred"] == 1  # said, not silent: c waits in the buffer
     run_step(trainer, step2)
     # fresh d, e, then the 2 least reused: c (0), then a before b (same reuse and version, earlier arrival)
     assert calls[-1] == [d, e, c, a] and uids(trainer.trained[-1]) == [a, c, d, e]
+    assert trainer.metrics["replay/fresh_deferred"] == 0
     assert trainer.metrics["replay/candidates"] == 5 and trainer.metrics["replay/selected"] == 4
     # a was trained twice (max_reuse 2): evicted
     assert {grp.uid for grp in trainer.buffer.groups} == {b, c, d, e}

@@ -193,6 +193,9 @@ def replay_metrics(
         "replay/warmup": float(cands.warmup),
         "replay/dropped_zero_adv": cands.dropped_zero_adv,
         "replay/success_grafted": cands.grafted,
+        # fresh groups the split's rounding left out of this step's update: they enter the buffer untrained
+        # (reuse 0), so the preset's least-reused order replays them first while they are in the window
+        "replay/fresh_deferred": sum(1 for g in cands.fresh if id(g) not in {id(sg) for sg in sel_groups}),
         "replay/buffer_groups": buffer_stats["groups"],
         "replay/buffer_tokens": buffer_stats["tokens"],
         "replay/buffer_bytes": buffer_stats["bytes"],
