@@ -1,7 +1,8 @@
 # make test: builds .venv (CPU stack, pinned), installs the project, runs the whole suite.
 # make demo: D-ARL end to end on CPU on the built-in example (Ray, FSDP2 trainer, hf rollout, replay K=4).
 # make bench: the core's speed and memory benchmark (docs/performance.md).
-# make evidence: the two-regime study of docs/evidence.md into runs/study (about 80 min with 2 jobs).
+# make evidence: the studies of docs/evidence.md into runs/study (scarce regime about 70 min, then the two
+#   older regimes about 80 min, with 2 jobs; SCARCE_ONLY=1 stops after the scarce one).
 
 PYTHON ?= python3
 VENV ?= .venv

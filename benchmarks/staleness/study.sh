@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The second design's study (docs/evidence.md), in the order it ran: two regimes, each its own results file.
+# The studies of docs/evidence.md: the scarce regime (issue 15, leads the page), then the second design's two
+# regimes in the order they ran, each its own results file. SCARCE_ONLY=1 runs the scarce regime only.
 #   bash benchmarks/staleness/study.sh [OUT]            (default runs/study; about 75 min with 2 jobs on 2 cores)
 #   STEPS=10 SEEDS=0 bash benchmarks/staleness/study.sh runs/study-mini    # reduced: 1 seed, 10 steps, minutes
 # Benign: the shipped CPU scripts' settings (lr 5e-5). Stress: lr 2e-4 at s = 8, where decoupled PPO collapses
@@ -15,6 +16,13 @@ export OMP_NUM_THREADS=1
 PY="${PYTHON:-python}"
 common=(--seeds $SEEDS --steps "$STEPS" --eval-every 10 --val-size 500 --minibatches 2 --jobs "$JOBS")
 benign() { "$PY" -m benchmarks.staleness.run_study --out "$OUT/benign" --lr 5e-5 "${common[@]}" "$@"; }
+# scarce: a fixed pool of 256 hard sums revisited for epochs (start: 15% of samples right, 47% of groups all wrong)
+scarce() { "$PY" -m benchmarks.staleness.run_study --out "$OUT/scarce" --task scarce --lr 1e-4 "${common[@]}" "$@"; }
+scarce --staleness 4 --methods decoupled gates_only darl darl_success gates_success
+scarce --staleness 4 --seeds 0 --methods bclip_only m2_only darl_no_bclip darl_success_no_bclip
+scarce --staleness 4 --methods naive sync equal_update
+scarce --report-only
+if [ -n "${SCARCE_ONLY:-}" ]; then exit 0; fi
 stress() { "$PY" -m benchmarks.staleness.run_study --out "$OUT/stress" --lr 2e-4 "${common[@]}" "$@"; }
 if [ -z "${NO_REUSE:-}" ] && [ "$STEPS" = 50 ] && [ ! -e "$OUT/benign/results.jsonl" ]; then
     mkdir -p "$OUT/benign"
