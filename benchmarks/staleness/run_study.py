@@ -194,7 +194,7 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
     return table
 
 
-MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "darl")
+MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl", "darl_success")
 
 
 def _curve(runs: list[dict[str, Any]], axis: str):
