@@ -16,6 +16,8 @@
 #   TEST_FREQ / SAVE_FREQ  steps between validations / checkpoints [20 / 20]
 #   TRAIN_BATCH_SIZE prompts per step [16];  MINI_BATCH_SIZE prompts per optimizer step [8]
 #   N_RESPONSES     group size [8];  LR  actor lr [5e-5]
+#   TRAINER_RANKS   FSDP2 trainer ranks (data parallel over gloo, one process each) [1]; MINI_BATCH_SIZE *
+#                   N_RESPONSES must divide by it (each rank takes its share of a mini-batch as one micro-batch)
 #   RESUME_MODE     trainer.resume_mode [auto]
 #   DARL_DRY_RUN    1: print the resolved config and exit before Ray starts
 
@@ -44,6 +46,11 @@ darl_cpu_setup() {
     N_RESPONSES="${N_RESPONSES:-8}"
     LR="${LR:-5e-5}"
     RESUME_MODE="${RESUME_MODE:-auto}"
+    TRAINER_RANKS="${TRAINER_RANKS:-1}"
+    if (( TRAINER_RANKS < 1 || MINI_BATCH_SIZE * N_RESPONSES % TRAINER_RANKS )); then
+        echo "common.sh: MINI_BATCH_SIZE * N_RESPONSES = $((MINI_BATCH_SIZE * N_RESPONSES)) samples must divide over TRAINER_RANKS=$TRAINER_RANKS ranks" >&2
+        return 1
+    fi
 
     DARL_CPU_ARGS=(
         # the CPU platform (recipe/darl/cpu/platform.py, cpu_overrides): gloo, sdpa, fsdp2, no compile, fp32
@@ -56,10 +63,10 @@ darl_cpu_setup() {
         ++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32
         ++actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32
         ++actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32
-        # Ray: logical GPUs for verl's resource check (1 trainer + 1 rollout process), the workers ask for CPUs
-        # (logical CPUs: set by each run function below)
-        ++ray_kwargs.ray_init.num_gpus=4
-        trainer.n_gpus_per_node=1
+        # Ray: logical GPUs for verl's resource check (TRAINER_RANKS trainer + 1 rollout process), the workers ask
+        # for CPUs (logical CPUs: set by each run function below, one more per extra trainer rank)
+        "++ray_kwargs.ray_init.num_gpus=$((TRAINER_RANKS + 3))"
+        "trainer.n_gpus_per_node=$TRAINER_RANKS"
         rollout.n_gpus_per_node=1
         # the "hf" rollout (transformers on CPU) and weight sync through the Ray object store
         actor_rollout_ref.rollout.name=hf
@@ -91,7 +98,7 @@ darl_cpu_setup() {
         algorithm.adv_estimator=grpo
         "actor_rollout_ref.actor.optim.lr=$LR"
         "actor_rollout_ref.actor.ppo_mini_batch_size=$MINI_BATCH_SIZE"
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$((MINI_BATCH_SIZE * N_RESPONSES))"
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$((MINI_BATCH_SIZE * N_RESPONSES / TRAINER_RANKS))"
         actor_rollout_ref.actor.use_kl_loss=false
         actor_rollout_ref.actor.entropy_coeff=0
         actor_rollout_ref.actor.loss_agg_mode=token-mean
@@ -112,7 +119,7 @@ darl_cpu_setup() {
 
 darl_cpu_run() {
     # the one-step-off task runner alone asks for 10 logical CPUs
-    "$PYTHON" -m recipe.darl.main_darl "${DARL_CPU_ARGS[@]}" ++ray_kwargs.ray_init.num_cpus=16 "$@"
+    "$PYTHON" -m recipe.darl.main_darl "${DARL_CPU_ARGS[@]}" "++ray_kwargs.ray_init.num_cpus=$((15 + TRAINER_RANKS))" "$@"
 }
 
 # verl's fully-async pipeline on the same example: a rollouter streams groups into verl's MessageQueue; each
@@ -123,7 +130,7 @@ darl_cpu_fully_async_run() {
     local require="${REQUIRE_BATCHES:-2}" sync="${SYNC_STEPS:-1}"
     # verl's fully-async actors ask for logical CPUs: task runner 1, trainer 10, rollouter 10, queue 2, workers
     "$PYTHON" -m recipe.darl.main_fully_async "${DARL_CPU_ARGS[@]}" \
-        ++ray_kwargs.ray_init.num_cpus=32 \
+        "++ray_kwargs.ray_init.num_cpus=$((31 + TRAINER_RANKS))" \
         data.train_batch_size=0 \
         "rollout.total_rollout_steps=$((STEPS * MINI_BATCH_SIZE * require))" \
         "async_training.require_batches=$require" \
