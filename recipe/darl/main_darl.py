@@ -17,6 +17,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from .glue.config_check import validate_or_raise
+from .glue.graceful_stop import install_stop_signal
 from .glue.preflight import preflight
 
 SEED_PLUS_KEYS = ("+replay.", "+algorithm.rollout_is=", "+algorithm.rollout_is_threshold=")
@@ -86,12 +87,14 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
 
 def run_or_print(config: DictConfig, task_runner_class) -> None:
-    """verl's run_ppo with the given task runner, or, with DARL_DRY_RUN set, the resolved config only."""
+    """verl's run_ppo with the given task runner, or, with DARL_DRY_RUN set, the resolved config only. SIGUSR1
+    to this process asks the trainer to save and end at its next step boundary (glue/graceful_stop.py)."""
     from verl.trainer.main_ppo import run_ppo
 
     if os.environ.get("DARL_DRY_RUN"):
         print(OmegaConf.to_yaml(config, resolve=True))
         return
+    install_stop_signal(config.trainer.default_local_dir)
     run_ppo(config, task_runner_class=task_runner_class)
 
 

@@ -25,6 +25,10 @@ trained): drained before verl saves the dataloader, written to `darl_queue.pt`, 
 restores the buffer and puts the saved samples back in the queue before the rollouter starts, so they are
 trained first. Samples still being generated at the checkpoint are lost, as in verl: their prompts were
 already drawn, and the restored dataloader resumes after them.
+
+Stop request (glue/graceful_stop.py): at the next weight sync the trainer saves, logs the step, and ends its fit;
+it then ends the rollouter's fit, which would otherwise wait for the trainer (paused at its staleness limit), so
+that verl's task runner, waiting for both, returns.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import torch
 from ray import cloudpickle
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
+from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import ReplayStepMixin
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -45,7 +50,11 @@ FullyAsyncTrainerBase = _RemoteFullyAsyncTrainer.__ray_metadata__.modified_class
 QUEUE_FILE = "darl_queue.pt"
 
 
-class DarlFullyAsyncTrainerImpl(ReplayStepMixin, FullyAsyncTrainerBase):
+class StopRequested(Exception):
+    """Ends `fit` after a stop checkpoint. Not verl's TrainingStopException: its path syncs weights once more."""
+
+
+class DarlFullyAsyncTrainerImpl(GracefulStopMixin, ReplayStepMixin, FullyAsyncTrainerBase):
     """Fully-async PPO/GRPO with D-ARL replay and the multi-behavior loss (the plain class; the Ray actor
     is `DarlFullyAsyncTrainer`)."""
 
@@ -53,6 +62,7 @@ class DarlFullyAsyncTrainerImpl(ReplayStepMixin, FullyAsyncTrainerBase):
         super().__init__(config, *args, **kwargs)
         self._init_replay(config)
         self._requeued = 0  # samples put back by a resume, not yet counted by the rollouter
+        self._stopping = False
 
     def _replay_version(self) -> int:
         return int(self.current_param_version)
@@ -113,11 +123,49 @@ class DarlFullyAsyncTrainerImpl(ReplayStepMixin, FullyAsyncTrainerBase):
                 folder = self._checkpoint_folder()
             self.load_replay(folder)
             await self.requeue(folder)
+        self._clear_stale_stop_request()
         return version
+
+    def _fit_save_checkpoint(self, force=False):
+        super()._fit_save_checkpoint(force)
+        # only right after a weight sync (local_trigger_step back to 1), where verl checkpoints: a checkpoint is
+        # named by the parameter version, and between syncs the actor holds updates that version does not name
+        if force or self.local_trigger_step != 1 or not self._stop_requested():
+            return
+        saved = self.last_ckpt_version == self.current_param_version  # verl's periodic save just ran
+        self._save_for_stop(f"parameter version {self.current_param_version} (trainer step {self.global_steps})",
+                            saved=saved)
+        self.last_ckpt_version = self.current_param_version
+        self._stopping = True
+
+    def _fit_postprocess_step(self):
+        super()._fit_postprocess_step()  # raised after verl's whole step: the sync cycle's metrics are logged
+        if self._stopping:
+            raise StopRequested
+
+    async def fit(self):
+        try:
+            return await super().fit()
+        except StopRequested:
+            # verl's fit ends when the rollouter's finish signal reaches it through the queue; here the trainer
+            # ends first, and the rollouter would wait for it (paused at its staleness limit) forever
+            if getattr(self, "progress_bar", None) is not None:
+                self.progress_bar.close()
+            await self.rollouter.__ray_call__.remote(_end_generation)
 
 
 def _count_as_generated(rollouter, n: int) -> None:
     rollouter.global_steps += n
+
+
+def _end_generation(rollouter) -> None:
+    """Ends the rollouter's fit: cancelling its feed and processor tasks takes verl's own exit path (the finish
+    signal into the queue, `running` set false, which its monitor loop sees within 10 s, fit returns). Samples
+    being generated are dropped with them. Scheduled thread-safe in the tasks' loop, wherever Ray runs this call."""
+    for task in (getattr(rollouter, "feed_task", None), getattr(rollouter, "processor_task", None),
+                 *list(getattr(rollouter, "active_tasks", ()))):
+        if task is not None:
+            task.get_loop().call_soon_threadsafe(task.cancel)
 
 
 # the resources verl's @ray.remote gives FullyAsyncTrainer (num_cpus=10 in verl 0.9.1)

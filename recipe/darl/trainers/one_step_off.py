@@ -9,13 +9,15 @@ import os
 
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
+from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import BUFFER_FILE, ReplayStepMixin
 
 __all__ = ["BUFFER_FILE", "DarlTrainer"]
 
 
-class DarlTrainer(ReplayStepMixin, OneStepOffRayTrainer):
-    """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss."""
+class DarlTrainer(GracefulStopMixin, ReplayStepMixin, OneStepOffRayTrainer):
+    """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss; ends early, with a checkpoint, on a
+    stop request (glue/graceful_stop.py)."""
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
@@ -34,4 +36,14 @@ class DarlTrainer(ReplayStepMixin, OneStepOffRayTrainer):
             else:
                 folder = os.path.join(os.path.abspath(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
             self.load_replay(folder)
+        self._clear_stale_stop_request()
         return result
+
+    def _fit_save_checkpoint(self):
+        if not self._stop_requested():
+            return super()._fit_save_checkpoint()
+        # the end of this step: save, and end verl's fit loop after it. The next batch's generation, already
+        # launched, is cancelled with the event loop; as after any of verl's one-step-off checkpoints, its prompts
+        # were drawn before the dataloader state was saved, so the resumed run does not see them.
+        self.is_last_step = True
+        self._save_for_stop(f"step {self.global_steps}")
