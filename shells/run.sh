@@ -25,11 +25,18 @@
 # defaults; flags given to sbatch (or in SBATCH_ARGS) override them.
 #
 # Preemption and time limits: --requeue lets Slurm put a preempted job back in the queue, and
-# --signal=B:USR1@600 makes the job requeue itself 10 minutes before its time limit. The launch
-# scripts use trainer.resume_mode=auto with a checkpoint folder that does not depend on the job id
+# --signal=B:USR1@600 sends this script USR1 10 minutes before the time limit. run.sh then forwards USR1 to
+# the trainer's driver (the python child of the launch script), which writes darl_stop_request in the checkpoint
+# folder; the trainer saves a checkpoint at its next step boundary (fully-async: its next weight sync) whatever
+# trainer.save_freq says, and exits. Once the launch script has exited, run.sh calls `scontrol requeue` (a requeue
+# kills a running job, so it must come after the save). The step in progress plus the save must fit in those
+# 600 s: if the script is still running STOP_WAIT_S after the signal, run.sh requeues anyway and the job resumes
+# from the last periodic checkpoint. A preempted job gets no USR1 and also resumes from the last periodic one.
+# The launch scripts use trainer.resume_mode=auto with a checkpoint folder that does not depend on the job id
 # ($CKPT_ROOT/$PROJECT_NAME/$EXPERIMENT_NAME), so the requeued job resumes from the latest checkpoint
-# (trainer.save_freq steps apart; D-ARL's replay buffer is saved with it). Keep EXPERIMENT_NAME
-# distinct per run.
+# (D-ARL's replay buffer is saved with it). Keep EXPERIMENT_NAME distinct per run. To stop a run by hand at its
+# next step boundary, with a checkpoint: `touch <checkpoint dir>/darl_stop_request` or `kill -USR1 <driver pid>`
+# (no requeue then).
 #
 # Variables (environment; defaults in brackets):
 #   SCRIPT         launch script to run; the first argument wins if it ends in .sh
@@ -52,6 +59,8 @@
 #   RAY_WAIT_S     seconds to wait for all Ray nodes [300]
 #   RAY_HEAD_DELAY_S  seconds between starting the head and the workers [10]
 #   GPU_CHECK      0: skip the GPU check below [1]
+#   STOP_WAIT_S    seconds to wait, after the USR1, for the trainer to save and exit before requeueing anyway;
+#                  keep it under --signal's lead time [540]
 #   NCCL_DEBUG [WARN]   NCCL_SOCKET_IFNAME / NCCL_IB_HCA / NCCL_IB_DISABLE / GLOO_SOCKET_IFNAME [unset:
 #   NCCL's own choice]   TOKENIZERS_PARALLELISM [false]   VLLM_USE_V1 [1]   RAY_DEDUP_LOGS [0]
 #   HF_HOME, WANDB_API_KEY, WANDB_MODE, CUDA_DEVICE_MAX_CONNECTIONS: passed through as set (run.sh does not
@@ -293,10 +302,18 @@ cleanup() {
     done
     for pid in "${RAY_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
 }
-on_usr1() {  # --signal=B:USR1@600: the time limit is near; requeue (resume from the latest checkpoint)
-    log "time limit near: requeueing job $SLURM_JOB_ID"
-    scontrol requeue "$SLURM_JOB_ID" || true
-    [[ -n "${TRAIN_PID:-}" ]] && kill -TERM "$TRAIN_PID" 2>/dev/null || true
+REQUEUE=0 STOP_DEADLINE=0
+on_usr1() {  # --signal=B:USR1@600: the time limit is near
+    if [[ -n "${TRAIN_PID:-}" ]] && pkill -USR1 -P "$TRAIN_PID"; then
+        # the driver (child of the launch script) asks the trainer to save at its next step boundary and exit;
+        # the requeue waits for that (the end of this script), since requeueing a running job kills it
+        REQUEUE=1 STOP_DEADLINE=$(( SECONDS + ${STOP_WAIT_S:-540} ))
+        log "time limit near: USR1 forwarded to the driver; job $SLURM_JOB_ID is requeued once $SCRIPT has exited"
+    else  # nothing running that could save: requeue now (resume from the latest checkpoint)
+        log "time limit near: requeueing job $SLURM_JOB_ID"
+        scontrol requeue "$SLURM_JOB_ID" || true
+        [[ -n "${TRAIN_PID:-}" ]] && kill -TERM "$TRAIN_PID" 2>/dev/null || true
+    fi
 }
 trap cleanup EXIT
 trap on_usr1 USR1
@@ -341,12 +358,29 @@ if [[ "$DRY_RUN" == 1 ]]; then
     exit 0
 fi
 set +e
-bash "$SCRIPT" "$@" > >(tee -a "$RUN_LOG") 2>&1 &
+# tee is run.sh's child, not the launch script's: a USR1 goes to every child of the launch script (the driver)
+exec 4> >(tee -a "$RUN_LOG")
+bash "$SCRIPT" "$@" >&4 2>&4 &
 TRAIN_PID=$!
+exec 4>&-
 wait "$TRAIN_PID"
 status=$?
-# a USR1 interrupts the first wait; wait again for the script to finish its shutdown
-if kill -0 "$TRAIN_PID" 2>/dev/null; then wait "$TRAIN_PID"; status=$?; fi
+# a USR1 interrupts the wait; wait on for the script's shutdown (after a forwarded USR1, until STOP_DEADLINE)
+while kill -0 "$TRAIN_PID" 2>/dev/null; do
+    if (( REQUEUE && SECONDS >= STOP_DEADLINE )); then
+        log "$SCRIPT still running ${STOP_WAIT_S:-540} s after the USR1; requeueing anyway (resume from the latest checkpoint)"
+        break
+    fi
+    sleep 1
+done
+if ! kill -0 "$TRAIN_PID" 2>/dev/null; then
+    wait "$TRAIN_PID"
+    status=$?
+    log "$SCRIPT exited with status $status"
+fi
 set -e
-log "$SCRIPT exited with status $status"
+if (( REQUEUE )); then
+    log "requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID" || true
+fi
 exit "$status"

@@ -3,6 +3,7 @@
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -227,6 +228,7 @@ def test_job_accepts_the_4b_script_on_two_nodes(slurm):
 
 
 def test_usr1_before_the_time_limit_requeues(slurm):
+    """A launch script with no child to forward USR1 to (it exec'd sleep): requeued at once, the script TERMed."""
     tmp, _, job, script = slurm
     job["SLEEP"] = "60"
     proc = subprocess.Popen(["bash", str(RUN_SH), str(script)], env=job, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -237,6 +239,62 @@ def test_usr1_before_the_time_limit_requeues(slurm):
     proc.send_signal(signal.SIGUSR1)
     proc.wait(timeout=30)
     assert "scontrol requeue 777" in calls(tmp)
+
+
+# the trainer's driver as the launch script runs it: a python child that traps USR1, "saves", exits
+DRIVER = """
+import os, signal, sys, time
+def note(msg):
+    with open(os.environ["STUB_LOG"], "a") as f:
+        f.write(msg + "\\n")
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+note(f"driver started {os.getpid()}")
+deadline = time.time() + 60
+while not got and time.time() < deadline:
+    time.sleep(0.05)
+note("driver got USR1" if got else "driver timed out")
+time.sleep(float(os.environ.get("SAVE_S", "1.5")))  # the rest of the step and the checkpoint
+note("driver exits")
+"""
+
+
+def _driver_job(slurm, **extra):
+    tmp, _, job, _ = slurm
+    (tmp / "driver.py").write_text(DRIVER)
+    launch = tmp / "launch.sh"
+    launch.write_text(f'"{sys.executable}" "{tmp / "driver.py"}"\necho "launch script: driver exited with $?"\n')
+    proc = subprocess.Popen(["bash", str(RUN_SH), str(launch)], env=dict(job, **extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not any(c.startswith("driver started") for c in calls(tmp)):
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    pid = int(next(c for c in calls(tmp) if c.startswith("driver started")).split()[-1])
+    proc.send_signal(signal.SIGUSR1)
+    return tmp, proc, pid
+
+
+def test_usr1_goes_to_the_driver_and_the_requeue_waits_for_the_script_to_exit(slurm):
+    tmp, proc, _ = _driver_job(slurm)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    c = calls(tmp)
+    assert c.index("driver got USR1") < c.index("driver exits") < c.index("scontrol requeue 777")
+    assert c.count("scontrol requeue 777") == 1
+    assert "USR1 forwarded to the driver; job 777 is requeued once" in stderr
+    assert "launch script: driver exited with 0" in (tmp / "logs" / "darl-777-restart1.log").read_text()
+
+
+def test_usr1_requeues_anyway_when_the_save_outlasts_stop_wait_s(slurm):
+    tmp, proc, pid = _driver_job(slurm, STOP_WAIT_S="1", SAVE_S="30")
+    try:
+        proc.wait(timeout=30)  # run.sh has ended; the driver still "saves" (its output keeps the pipes open)
+        c = calls(tmp)
+        assert "driver got USR1" in c and "scontrol requeue 777" in c and "driver exits" not in c
+    finally:
+        os.kill(pid, signal.SIGKILL)  # Slurm's requeue would have ended it
+    assert "still running 1 s after the USR1; requeueing anyway" in proc.communicate(timeout=30)[1]
 
 
 def test_job_dry_run_composes_a_real_launch_script(slurm, tmp_path):
