@@ -51,6 +51,27 @@ def test_sigusr1_writes_the_stop_request(tmp_path, capsys):
                    "step boundary and ends"]
 
 
+def test_both_entry_points_install_it_right_before_run_ppo_not_on_a_dry_run(compose_config, monkeypatch, capsys):
+    import verl.trainer.main_ppo
+
+    from recipe.darl import main_darl
+
+    cfg = compose_config()
+    seen = []
+    monkeypatch.setattr(verl.trainer.main_ppo, "run_ppo",
+                        lambda config, task_runner_class: seen.append(signal.getsignal(signal.SIGUSR1)))
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        monkeypatch.setenv("DARL_DRY_RUN", "1")
+        main_darl.run_or_print(cfg, None)
+        assert seen == [] and signal.getsignal(signal.SIGUSR1) is before
+        monkeypatch.delenv("DARL_DRY_RUN")
+        main_darl.run_or_print(cfg, None)  # main_fully_async goes through the same function
+        assert len(seen) == 1 and seen[0].__name__ == "on_usr1"
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
 # --------------------------------------------------------------------------- one-step-off
 
 
