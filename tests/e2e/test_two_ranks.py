@@ -38,13 +38,18 @@ def _assert_trained(updates: list[dict]) -> None:
     assert max(m["replay/staleness_max"] for m in updates) >= 2
 
 
-def _assert_sharded(checkpoints: Path, step: int) -> None:
-    """The latest checkpoint is `step`'s, with the actor saved as two shards and the replay buffer beside it."""
-    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == str(step)
+def _checkpoint(checkpoints: Path) -> dict:
+    """The latest checkpoint's step and files (the actor's and those beside it)."""
+    step = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
     folder = checkpoints / f"global_step_{step}"
-    names = {p.name for p in (folder / "actor").iterdir()}
-    assert {f"model_world_size_2_rank_{r}.pt" for r in (0, 1)} <= names, names
-    assert (folder / "darl_replay.pt").exists()
+    return {"step": step, "files": {p.name for p in folder.iterdir()} | {p.name for p in (folder / "actor").iterdir()}}
+
+
+def _assert_sharded(checkpoint: dict, step: int) -> None:
+    """The checkpoint is `step`'s, with the actor saved as two shards and the replay buffer beside it."""
+    assert checkpoint["step"] == step
+    expected = {f"{kind}_world_size_2_rank_{r}.pt" for kind in ("model", "optim") for r in (0, 1)} | {"darl_replay.pt"}
+    assert expected <= checkpoint["files"], checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +63,9 @@ def one_step_off(tmp_path_factory):
         return run_script(script, inputs, root, log, env, timeout=600)
 
     run(3, "run1.jsonl")  # a checkpoint at its last step
+    first = _checkpoint(root / "out" / "checkpoints")
     second = run(4, "run2.jsonl")  # resumed from it
-    return {"out": root / "out", "second": second, "run1": root / "run1.jsonl", "run2": root / "run2.jsonl"}
+    return {"checkpoint": first, "second": second, "run1": root / "run1.jsonl", "run2": root / "run2.jsonl"}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +75,7 @@ def fully_async(tmp_path_factory):
     script = SHELLS / "fully_async_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"
     env = dict(RANKS, STEPS="3", TEST_FREQ="10", SAVE_FREQ="10", REQUIRE_BATCHES="1", STALENESS_THRESHOLD="2")
     run_script(script, inputs, root, "run.jsonl", env, timeout=900)
-    return {"out": root / "out", "run": root / "run.jsonl"}
+    return {"checkpoint": _checkpoint(root / "out" / "checkpoints"), "run": root / "run.jsonl"}
 
 
 def test_one_step_off_trains_over_two_ranks(one_step_off):
@@ -77,7 +83,7 @@ def test_one_step_off_trains_over_two_ranks(one_step_off):
     assert [m["training/global_step"] for m in updates] == [1, 2, 3]
     _assert_trained(updates)
     assert max(m["replay/selected"] for m in updates) > 4  # replayed groups beside a step's 4 fresh ones
-    _assert_sharded(one_step_off["out"] / "checkpoints", 3)
+    _assert_sharded(one_step_off["checkpoint"], 3)
 
 
 def test_one_step_off_resumes_from_the_two_rank_checkpoint(one_step_off):
@@ -92,4 +98,4 @@ def test_fully_async_trains_over_two_ranks(fully_async):
     updates = _updates(fully_async["run"])
     assert len(updates) == 3
     _assert_trained(updates)
-    _assert_sharded(fully_async["out"] / "checkpoints", 3)
+    _assert_sharded(fully_async["checkpoint"], 3)
