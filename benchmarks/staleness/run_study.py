@@ -54,6 +54,11 @@ METHODS: dict[str, dict[str, Any]] = {
     "darl_success_variance": {"method": "darl", "success": 1, "order": "variance"},
     "gates_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "success": 1},
     "darl_success_no_bclip": {"method": "darl", "success": 1, "behavior_clip": False},
+    # success replay alone on decoupled PPO (no group replay, no trust region), with and without the m2 gate
+    "success_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False,
+                     "m2_budget": False, "success": 1},
+    "m2_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False,
+                   "success": 1},
     # the first design (DESIGN.md section 3) and its ablations, as studied in docs/evidence.md's dated section
     "darl_v1": {"method": "darl", **V1},
     "replay_uniform": {"method": "darl", "pmis": False},  # newest first, own weights, token mean
