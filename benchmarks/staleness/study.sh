@@ -21,6 +21,7 @@ scarce() { "$PY" -m benchmarks.staleness.run_study --out "$OUT/scarce" --task sc
 scarce --staleness 4 --methods decoupled gates_only darl darl_success gates_success
 scarce --staleness 4 --seeds 0 --methods bclip_only m2_only darl_no_bclip darl_success_no_bclip
 scarce --staleness 4 --methods naive sync equal_update
+scarce --staleness 4 --methods success_only m2_success m2_only
 scarce --report-only
 if [ -n "${SCARCE_ONLY:-}" ]; then exit 0; fi
 stress() { "$PY" -m benchmarks.staleness.run_study --out "$OUT/stress" --lr 2e-4 "${common[@]}" "$@"; }
