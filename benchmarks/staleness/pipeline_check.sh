@@ -5,7 +5,8 @@
 #   SEEDS="0 1 2" STEPS=20 bash benchmarks/staleness/pipeline_check.sh runs/pipeline
 #   TASK=scarce CONFIGS="decoupled pmis_sg pmis_sg_success" SEEDS="0 1 2" STEPS=20 \
 #       bash benchmarks/staleness/pipeline_check.sh runs/pipeline-scarce     # the scarce regime
-# CONFIGS: seed-script suffixes (async, decoupled, pmis_sg), or pmis_sg_success (the preset with replay.success=1).
+# CONFIGS: seed-script suffixes (async, decoupled, pmis_sg), pmis_sg_success (the preset with replay.success=1), or
+# success_only (decoupled PPO plus success replay: no group replay, no m2 gate, no trust region).
 # A seed sets the rollout sampler (actor_rollout_ref.rollout.seed) and the data order (data.seed).
 set -euo pipefail
 OUT="$(realpath -m "${1:-runs/pipeline}")"
@@ -19,6 +20,11 @@ for seed in $SEEDS; do
         extra=()
         script="$cfg"
         if [ "$cfg" = pmis_sg_success ]; then script=pmis_sg; extra=(replay.success=1); fi
+        if [ "$cfg" = success_only ]; then
+            script=pmis_sg
+            extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false replay.behavior_clip=false
+                   replay.m2_budget=false replay.success=1)
+        fi
         name="one_step_off_grpo_tiny_arith_cpu_replay_4_${script}"
         [ -s "$OUT/seed$seed/$cfg/metrics.jsonl" ] && grep -q '"step": '"${STEPS:-30}"'' "$OUT/seed$seed/$cfg/metrics.jsonl" && continue
         mkdir -p "$OUT/seed$seed"
