@@ -199,7 +199,7 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
     return table
 
 
-MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl", "darl_success")
+MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl", "darl_success", "success_only")
 
 
 def _curve(runs: list[dict[str, Any]], axis: str):
