@@ -142,3 +142,10 @@ def test_variance_order_ranks_groups_solved_half_the_time_first():
     assert sel.selected == [2, 0]
     with pytest.raises(ValueError, match="priority"):
         select_groups(2, torch.tensor([1, 1]), torch.tensor([0, 1]), order="variance", reuse=torch.tensor([0, 0]))
+
+
+def test_a_bad_store_setting_names_its_key():
+    with pytest.raises(ValueError, match="replay.success must be"):
+        SuccessStore(per_prompt=0)
+    with pytest.raises(ValueError, match="replay.success_max_age"):
+        SuccessStore(per_prompt=1, max_age=0)

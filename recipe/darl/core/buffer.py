@@ -142,6 +142,7 @@ class StepCandidates:
     window: list[int]  # behavior versions in the window, ascending
     warmup: bool
     dropped_zero_adv: int
+    step: int = -1  # the trainer step of `begin_step`
     arrived: list[Group] = field(default_factory=list)  # every fresh group, filtered or not
     grafted: int = 0  # fresh groups that took a stored success (`replay.success`)
 
@@ -217,7 +218,7 @@ class ReplayBuffer:
         window = self.window_with([g.version for g in fresh])
         in_window = set(window)
         buffered = [] if self.in_warmup else [g for g in self.groups if g.version in in_window]
-        return StepCandidates(buffered + kept, kept, window, self.in_warmup, dropped, list(fresh), grafted)
+        return StepCandidates(buffered + kept, kept, window, self.in_warmup, dropped, step, list(fresh), grafted)
 
     def end_step(self, cands: StepCandidates, trained: list[Group]) -> EvictionStats:
         """Counts reuse of `trained`, inserts the fresh groups, evicts by window, reuse and memory cap."""
@@ -230,7 +231,7 @@ class ReplayBuffer:
         self.recent_versions = cands.window
         self.steps_done += 1
         if self.successes is not None:
-            self.successes.add_from(cands.arrived, max(g.arrival_step for g in cands.arrived) if cands.arrived else 0)
+            self.successes.add_from(cands.arrived, cands.step)
 
         stats = EvictionStats()
         in_window = set(self.recent_versions)

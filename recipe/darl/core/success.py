@@ -87,10 +87,9 @@ class SuccessStore:
     """Per prompt, the `per_prompt` most recent correct responses, usable for `max_age` steps."""
 
     def __init__(self, per_prompt: int = 1, max_age: Optional[int] = None) -> None:
-        if isinstance(per_prompt, bool) or not isinstance(per_prompt, int) or per_prompt < 1:
-            raise ValueError(f"replay.success must be false or an integer >= 1, got {per_prompt!r}")
-        if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 1):
-            raise ValueError(f"replay.success_max_age must be null or an integer >= 1, got {max_age!r}")
+        from .config import ReplayConfig
+
+        ReplayConfig(success=per_prompt, success_max_age=max_age)  # names the key of a bad value
         self.per_prompt = per_prompt
         self.max_age = max_age
         self.store: dict[str, list[Success]] = {}  # prompt key -> newest last
@@ -118,12 +117,13 @@ class SuccessStore:
         drops those past `max_age`. Returns how many were stored."""
         stored = 0
         for group in groups:
-            versions = group.versions
-            for i in range(group.n):
-                if not group.rewards[i] > 0 or int(versions[i]) != group.version:
-                    continue
+            # grafted responses (another version) are already stored
+            own = ((group.rewards > 0) & (group.versions == group.version)).nonzero().flatten().tolist()
+            if not own:
+                continue
+            entry = self.store.setdefault(group.prompt_key, [])
+            for i in own:
                 seg = sample_segment(group, i)
-                entry = self.store.setdefault(group.prompt_key, [])
                 entry.append(Success(
                     version=group.version, step=step, response_ids=group.response_ids[seg].clone(),
                     response_mask=group.response_mask[seg].clone(),
@@ -132,7 +132,7 @@ class SuccessStore:
                 del entry[:-self.per_prompt]
                 stored += 1
         self.totals["stored"] += stored
-        for key in list(self.store):
+        for key in list(self.store) if self.max_age is not None else ():
             kept = [s for s in self.store[key] if self._fresh_enough(s, step + 1)]
             self.totals["expired"] += len(self.store[key]) - len(kept)
             if kept:
@@ -145,8 +145,9 @@ class SuccessStore:
         return self.max_age is None or step - success.step <= self.max_age
 
     def stats(self) -> dict[str, float]:
+        # 9 bytes per token, as the buffer: int32 id, bool mask, float32 log-prob
         return {"prompts": len(self.store), "responses": len(self),
-                "bytes": sum(s.response_ids.numel() * 9 for v in self.store.values() for s in v)}
+                "bytes": sum(s.length * 9 for v in self.store.values() for s in v)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"store": {k: [copy.deepcopy(vars(s)) for s in v] for k, v in self.store.items()},
