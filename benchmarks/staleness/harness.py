@@ -96,6 +96,7 @@ class HarnessConfig:
     ratio: Any = None  # additive replay: replayed groups per fresh budget; False: fixed budget; None follows pmis
     m2_budget: Any = None  # second-moment gate; False: off; None follows pmis
     behavior_clip: Any = None  # trust region around the behavior policy; False: off; None follows pmis
+    behavior_clip_high: Any = None  # its eps for A > 0; False: unbounded; None follows pmis
     behavior_weight: Optional[str] = None  # own/pmis; None follows pmis
     source_weight: Optional[str] = None  # ess/tokens; None follows pmis
     filter_zero_adv: bool = True
@@ -137,7 +138,7 @@ class HarnessConfig:
                             behavior_weight=self.behavior_weight, source_weight=self.source_weight,
                             clip_decay=self.clip_decay, stop_grad=self.stop_grad, order=self.order,
                             ratio=self.ratio, m2_budget=self.m2_budget, behavior_clip=self.behavior_clip,
-                            success=self.success, success_max_age=self.success_max_age)
+                            behavior_clip_high=self.behavior_clip_high, success=self.success, success_max_age=self.success_max_age)
 
     @property
     def name(self) -> str:
@@ -150,6 +151,9 @@ class HarnessConfig:
         for key in ("ratio", "m2_budget", "behavior_clip", "max_reuse"):
             if rc.resolved(key) is not None:
                 parts.append(f"{key}{rc.resolved(key):g}")
+        bclip = rc.behavior_clip_range()
+        if bclip is not None and bclip[1] != bclip[0]:
+            parts.append(f"high{bclip[1]:g}")
         if self.success:
             parts.append(f"success{self.success}")
         if not self.filter_zero_adv:
@@ -447,7 +451,7 @@ class Harness:
         rc = cfg.replay_config() if cfg.method == "darl" else None
         weights = batch_weights(mask, old, rollout, versions, bw, sw, cfg.threshold, recorded=recorded,
                                 minibatch_index=mb_index, m2_budget=rc.resolved("m2_budget") if rc else None)
-        behavior_clip = rc.resolved("behavior_clip") if rc else None
+        behavior_clip = rc.behavior_clip_range() if rc else None
         low, high = clip_ranges(versions, step, cfg.clip_low, cfg.clip_high, cfg.clip_decay if cfg.method == "darl" else 1.0)
         adv = self.advantages(batch)
         # mismatch of the trained batch; naive's pi_old is mu (0 by construction), so it is measured below

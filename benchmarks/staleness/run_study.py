@@ -59,6 +59,13 @@ METHODS: dict[str, dict[str, Any]] = {
                      "m2_budget": False, "success": 1},
     "m2_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False,
                    "success": 1},
+    # the trust region bounded on the A < 0 side only (DAPO's clip-higher taken to its limit): it keeps the stress
+    # regime's brake on pushing stale tokens down and lets the tokens being learned rise (docs/evidence.md)
+    "gates_lowclip": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip_high": False},
+    "darl_lowclip": {"method": "darl", "behavior_clip_high": False},
+    "darl_lowclip_success": {"method": "darl", "behavior_clip_high": False, "success": 1},
+    "gates_lowclip_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False,
+                              "behavior_clip_high": False, "success": 1},
     # the first design (DESIGN.md section 3) and its ablations, as studied in docs/evidence.md's dated section
     "darl_v1": {"method": "darl", **V1},
     "replay_uniform": {"method": "darl", "pmis": False},  # newest first, own weights, token mean

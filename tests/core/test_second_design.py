@@ -59,6 +59,16 @@ def test_behavior_clip_stops_the_gradient_of_tokens_outside_the_behavior_trust_r
     # ratio 1: d/dlogp of -rho A r = -rho A; rho = q (truncated at 2), times 0.25
     assert grad_off == pytest.approx([-0.25 * 1.5, -0.25 * 1.1, 0.25 * 0.5, 0.25 * 1.5])
     assert grad_on == pytest.approx([0.0, -0.25 * 1.1, 0.0, 0.25 * 1.5])
+    # (0.2, inf): only the A < 0 side is bounded; the A > 0 token at q = 1.5 keeps its gradient
+    loss_low, grad_low, clipped_low = run((0.2, math.inf))
+    assert loss_low == pytest.approx(loss_off) and clipped_low == [False, False, True, False]
+    assert grad_low == pytest.approx([-0.25 * 1.5, -0.25 * 1.1, 0.0, 0.25 * 1.5])
+    # (0.6, 0.4): q = 1.5 > 1.4 clipped along A > 0; q = 0.5 < 0.4? no: inside for A < 0
+    _, grad_wide, clipped_wide = run((0.6, 0.4))
+    assert clipped_wide == [True, False, False, False]
+    assert grad_wide == pytest.approx([0.0, -0.25 * 1.1, 0.25 * 0.5, 0.25 * 1.5])
+    with pytest.raises(ValueError, match="eps_high"):
+        run((0.2, 0.0))
 
 
 def test_additive_selection_keeps_every_fresh_group_and_adds_least_reused():
@@ -96,6 +106,9 @@ def test_preset_resolution_and_off_switches():
     assert [off.resolved(k) for k in ("order", "ratio", "m2_budget", "behavior_clip", "max_reuse")] == \
         ["chi2", None, None, None, None]
     assert ReplayBuffer.from_config(preset).max_reuse == 2 and ReplayBuffer.from_config(off).max_reuse is None
+    assert off.behavior_clip_range() is None and uniform.behavior_clip_range() is None
+    assert ReplayConfig(enable=True, behavior_clip_high=False).behavior_clip_range() == (preset.resolved("behavior_clip"), math.inf)
+    assert ReplayConfig(enable=True, behavior_clip=0.3, behavior_clip_high=1.0).behavior_clip_range() == (0.3, 1.0)
 
 
 @pytest.mark.parametrize("values,key", [
@@ -104,6 +117,9 @@ def test_preset_resolution_and_off_switches():
     ({"ratio": True}, "replay.ratio"),
     ({"m2_budget": 0}, "replay.m2_budget"),
     ({"behavior_clip": 1.5}, "replay.behavior_clip"),
+    ({"behavior_clip_high": 0}, "replay.behavior_clip_high"),
+    ({"behavior_clip_high": 0.5, "behavior_clip": False}, "replay.behavior_clip_high"),
+    ({"behavior_clip_high": 0.5, "pmis": False}, "replay.behavior_clip_high"),
     ({"max_reuse": True}, "replay.max_reuse"),
     ({"max_score": 1.0}, "replay.max_score"),  # the preset's order is least_reused: nothing is scored
 ])

@@ -172,7 +172,7 @@ def engine(prepared, tiny_model_path, run_python, tmp_path_factory):
     folder = tmp_path_factory.mktemp("dp_update")
     inputs, out = folder / "inputs.pkl", folder / "out.pt"
     with open(inputs, "wb") as f:
-        pickle.dump({"behavior_clip": prepared["replay"].resolved("behavior_clip"),
+        pickle.dump({"behavior_clip": prepared["replay"].behavior_clip_range(),
                      "batches": {k: update_actor_input(b) for k, b in prepared["batches"].items()}}, f)
     run_python([str(HERE), tiny_model_path, str(inputs), str(out)], platform="cpu", timeout=400)
     return torch.load(out, weights_only=False)

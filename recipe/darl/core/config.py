@@ -14,9 +14,12 @@ Order = Literal["chi2", "newest", "least_reused", "variance"]
 
 # What `pmis: true` resolves the keys left null to: the second design (docs/algorithm.md). False turns a
 # numeric control off; `pmis: false` resolves them to the uniform-replay ablation (newest first, no controls).
-PRESET = {"order": "least_reused", "ratio": 0.5, "m2_budget": 0.04, "behavior_clip": 0.2, "max_reuse": 2}
-UNIFORM = {"order": "newest", "ratio": False, "m2_budget": False, "behavior_clip": False, "max_reuse": False}
-FIRST_DESIGN = {"order": "chi2", "ratio": False, "m2_budget": False, "behavior_clip": False, "max_reuse": False}
+PRESET = {"order": "least_reused", "ratio": 0.5, "m2_budget": 0.04, "behavior_clip": 0.2, "behavior_clip_high": 0.2,
+          "max_reuse": 2}
+UNIFORM = {"order": "newest", "ratio": False, "m2_budget": False, "behavior_clip": False, "behavior_clip_high": False,
+           "max_reuse": False}
+FIRST_DESIGN = {"order": "chi2", "ratio": False, "m2_budget": False, "behavior_clip": False, "behavior_clip_high": False,
+                "max_reuse": False}
 
 
 @dataclass
@@ -39,7 +42,8 @@ class ReplayConfig:
     order: Optional[Order] = None
     ratio: Optional[float | bool] = None
     m2_budget: Optional[float | bool] = None
-    behavior_clip: Optional[float | bool] = None
+    behavior_clip: Optional[float | bool] = None  # the trust region's eps for A < 0 (and for A > 0 unless set below)
+    behavior_clip_high: Optional[float | bool] = None  # its eps for A > 0; false: no bound on that side
     success: int | bool = False  # success replay: correct responses kept per prompt; false: off
     success_max_age: Optional[int] = None  # steps a stored success stays usable; null: no limit
 
@@ -104,6 +108,12 @@ class ReplayConfig:
                 continue
             if not _is_number(value) or not low < value < high:
                 out.append(f"replay.{name} must be null, false or a number in ({low:g}, {high:g}), got {value!r}")
+        high = self.behavior_clip_high
+        if high is not None and high is not False and (not _is_number(high) or not high > 0):
+            out.append(f"replay.behavior_clip_high must be null, false or a number > 0, got {high!r}")
+        elif high is not None and (self.behavior_clip is False or (self.behavior_clip is None and not self.pmis)):
+            out.append("replay.behavior_clip_high is set but the trust region is off (replay.behavior_clip is false, "
+                       "or null with replay.pmis=false): set replay.behavior_clip too")
         if self.behavior_weight not in (None, "own", "pmis"):
             out.append(f"replay.behavior_weight must be null, 'own' or 'pmis', got {self.behavior_weight!r}")
         if self.source_weight not in (None, "ess", "tokens"):
@@ -124,12 +134,21 @@ class ReplayConfig:
         return []
 
     def resolved(self, name: str) -> Any:
-        """`order`, `ratio`, `m2_budget`, `behavior_clip` or `max_reuse`: the value set, or the preset's
+        """`order`, `ratio`, `m2_budget`, `behavior_clip`, `behavior_clip_high` or `max_reuse`: the value set, or the preset's
         (`pmis: true`) or uniform replay's (`pmis: false`) when null. False (off) is returned as None."""
         value = getattr(self, name)
         if value is None:
             value = (PRESET if self.pmis else UNIFORM)[name]
         return None if value is False else value
+
+    def behavior_clip_range(self) -> Optional[tuple[float, float]]:
+        """(eps for A < 0, eps for A > 0) of the trust region around the behavior policy, inf where a side
+        is unbounded; None when the trust region is off."""
+        low = self.resolved("behavior_clip")
+        if low is None:
+            return None
+        high = self.resolved("behavior_clip_high")
+        return float(low), (math.inf if high is None else float(high))
 
     @property
     def resolved_behavior_weight(self) -> BehaviorWeight:

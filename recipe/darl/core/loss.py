@@ -31,7 +31,7 @@ def darl_policy_loss(
     threshold: float,
     clip_ratio_c: float = 3.0,
     stop_grad: bool = True,
-    behavior_clip: float | None = None,
+    behavior_clip: float | tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Scalar loss of one micro-batch and detached per-token statistics.
 
@@ -44,7 +44,9 @@ def darl_policy_loss(
     behavior_clip eps_b: a second trust region, around the behavior policy (naive async's clip): a
     token whose q = pi_theta / denominator already left [1 - eps_b, 1 + eps_b] in the direction its
     advantage pushes (A > 0 and q > 1 + eps_b, or A < 0 and q < 1 - eps_b) contributes its loss value
-    but no gradient.
+    but no gradient. A pair (eps_low, eps_high) bounds the two directions apart (eps_high may be inf: no
+    upper bound, so tokens with A > 0 keep their gradient however far past mu they moved: DAPO's
+    clip-higher, taken to its limit).
     """
     if not clip_ratio_c > 1.0:
         raise ValueError(f"darl_policy_loss: clip_ratio_c must be > 1, got {clip_ratio_c}")
@@ -72,11 +74,12 @@ def darl_policy_loss(
 
     behavior_clipped = torch.zeros_like(keep)
     if behavior_clip is not None:
-        if not 0.0 < behavior_clip < 1.0:
-            raise ValueError(f"darl_policy_loss: behavior_clip must be in (0, 1), got {behavior_clip}")
+        eps_low, eps_high = behavior_clip if isinstance(behavior_clip, tuple) else (behavior_clip, behavior_clip)
+        if not 0.0 < eps_low < 1.0 or not eps_high > 0.0:
+            raise ValueError(f"darl_policy_loss: behavior_clip needs eps_low in (0, 1) and eps_high > 0, got {behavior_clip}")
         log_q = (safe_lp - denom).detach()
-        behavior_clipped = keep & (((adv > 0) & (log_q > math.log1p(behavior_clip)))
-                                   | ((adv < 0) & (log_q < math.log1p(-behavior_clip))))
+        behavior_clipped = keep & (((adv > 0) & (log_q > math.log1p(eps_high)))
+                                   | ((adv < 0) & (log_q < math.log1p(-eps_low))))
         pg = torch.where(behavior_clipped, pg.detach(), pg)
 
     log_target = old if stop_grad else safe_lp

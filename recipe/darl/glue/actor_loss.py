@@ -27,7 +27,7 @@ BATCH_KEYS = ("darl_log_denominator", "darl_token_coef", "darl_clip_low", "darl_
 
 def darl_loss(
     config: ActorConfig, model_output, data: TensorDict, dp_group=None, *, threshold: float, stop_grad: bool,
-    behavior_clip: float | None = None,
+    behavior_clip: tuple[float, float] | None = None,
 ):
     """verl loss function: returns (loss, metrics) for one micro-batch."""
     missing = [k for k in BATCH_KEYS if k not in data.keys()]

@@ -27,6 +27,8 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.fs import local_mkdir_safe
 
 from .actor_loss import darl_loss
+from .fault_files import read_checked, write_checked
+from .fault_inject import fault_point
 from ..core import Group, ReplayBuffer, Selection, StepCandidates, group_multiple, group_scores, sample_chi2, select_for_step
 from ..core.config import ReplayConfig
 from .replay_step import batch_from_groups, groups_from_batch, loss_inputs, replay_metrics
@@ -60,7 +62,7 @@ class ReplayStepMixin:
             actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
             self.actor_wg.set_loss_fn(partial(
                 darl_loss, config=actor_config, threshold=self._threshold(), stop_grad=self.replay.stop_grad,
-                behavior_clip=self.replay.resolved("behavior_clip"),
+                behavior_clip=self.replay.behavior_clip_range(),
             ))
 
     def _threshold(self) -> float:
@@ -255,15 +257,18 @@ class ReplayStepMixin:
     # ---- the buffer in checkpoints ----------------------------------------------------------
 
     def save_replay(self, folder: str) -> None:
-        """Writes the buffer into a checkpoint folder; call before verl writes its tracker file, so a
-        checkpoint that resume can find always holds the buffer."""
+        """Writes the buffer into a checkpoint folder, atomically and with a checksum (glue/fault_files.py); call
+        before verl writes its tracker file, so a checkpoint that resume can find always holds the buffer."""
         if self.buffer is None:
             return
         local_mkdir_safe(folder)
-        torch.save({"replay": self.buffer.state_dict(), "config": vars(self.replay)}, os.path.join(folder, BUFFER_FILE))
+        step = _folder_step(folder)
+        write_checked(os.path.join(folder, BUFFER_FILE), {"replay": self.buffer.state_dict(), "config": vars(self.replay)},
+                      before_replace=lambda: fault_point("buffer_write", step))
 
     def load_replay(self, folder: str) -> None:
-        """Restores the buffer from the checkpoint folder verl just resumed from."""
+        """Restores the buffer from the checkpoint folder verl just resumed from; a torn or corrupted file raises
+        `CorruptCheckpointError` naming it."""
         if self.buffer is None:
             return
         path = os.path.join(folder, BUFFER_FILE)
@@ -272,7 +277,13 @@ class ReplayStepMixin:
                 f"resuming with replay.enable=true from {folder}, which has no {BUFFER_FILE}: "
                 "the checkpoint was written without replay; resume with replay.enable=false or start fresh"
             )
-        self.buffer.load_state_dict(torch.load(path, weights_only=False)["replay"])
+        self.buffer.load_state_dict(read_checked(path)["replay"])
         b = self.buffer
         print(f"[D-ARL] restored the replay buffer: {len(b)} groups, versions {sorted({g.version for g in b.groups})}, "
               f"steps_done {b.steps_done}, next_seq {b.next_seq}, from {path}")
+
+
+def _folder_step(folder: str) -> int:
+    """t of a `global_step_<t>` folder (-1 for another name): the step the fault hook is keyed by."""
+    name = os.path.basename(os.path.normpath(folder))
+    return int(name[len("global_step_"):]) if name.startswith("global_step_") and name[12:].isdigit() else -1
