@@ -1,0 +1,260 @@
+"""Checkpoint files a kill cannot tear, and a resume that never loads a half-written checkpoint (docs/faults.md).
+
+The project's own checkpoint files (`darl_replay.pt`, the fully-async `darl_queue.pt`) are written by
+`write_checked`: serialized in memory, written with a one-line header carrying the payload's length and sha256
+to a temporary file in the same folder, fsynced, then renamed over the target (`os.replace`, atomic on POSIX),
+and the folder fsynced. A kill leaves the old file or the new one, never a mix; a temporary file left by a kill
+is never read (and is removed by the next write). `read_checked` verifies length and checksum and raises
+`CorruptCheckpointError` naming the file when they disagree (a truncated copy, a disk error).
+
+verl writes its own files (actor shards, `data.pt`) and, last, the tracker `latest_checkpointed_iteration.txt`
+(verl/trainer/ppo/ray_trainer.py `_save_checkpoint`), with plain `open("w")`. The trainers write the replay
+buffer (and queue) into `global_step_<t>/` before calling verl's save, so a checkpoint the tracker names always
+holds them; a kill before the tracker is written leaves a partial `global_step_<t>/` the tracker does not name,
+and `auto` resume takes the previous one. `check_resume` runs before verl's resume and turns the two states
+verl handles badly into a repair or a clear error:
+
+- a tracker emptied by a kill inside verl's `open("w")` / `write` (verl would die on `int('')`): every file of
+  that step was written before it, so the newest `global_step_<t>/` holding `data.pt` (verl's last file before
+  the tracker) is that step; the tracker is rewritten atomically with it, and the repair printed;
+- a tracker naming a folder that does not exist (verl would silently train from scratch and overwrite the
+  run): an error naming both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+from typing import Any, Callable, Optional
+
+import torch
+
+MAGIC = b"DARL-CHECKED-1"
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint file that is torn, truncated or corrupted; the message names the file."""
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str, data: bytes, before_replace: Optional[Callable[[], None]] = None) -> None:
+    """`data` to `path` through a fsynced temporary file in the same folder and `os.replace`.
+    `before_replace` runs once the temporary file is complete, before the rename (the fault hook's point)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync_dir(folder)
+    # a temporary file of an earlier, killed write of the same target
+    prefix = os.path.basename(path) + ".tmp."
+    for name in os.listdir(folder):
+        if name.startswith(prefix):
+            try:
+                os.remove(os.path.join(folder, name))
+            except OSError:
+                pass
+
+
+def encode_checked(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    payload = buf.getvalue()
+    header = b"%s sha256=%s bytes=%d\n" % (MAGIC, hashlib.sha256(payload).hexdigest().encode(), len(payload))
+    return header + payload
+
+
+def write_checked(path: str, obj: Any, before_replace: Optional[Callable[[], None]] = None) -> str:
+    """`torch.save(obj)` to `path` atomically, with a checksum header; returns the payload's sha256."""
+    data = encode_checked(obj)
+    atomic_write_bytes(path, data, before_replace)
+    return data[len(MAGIC) + 8:len(MAGIC) + 8 + 64].decode()
+
+
+def read_checked(path: str) -> Any:
+    """The object `write_checked` wrote to `path`, after checking length and sha256. A file without the header
+    (written before checksums existed) is loaded with plain `torch.load`; any failure names the file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CorruptCheckpointError(f"cannot read checkpoint file {path}: {e}") from e
+    if not data.startswith(MAGIC):
+        try:
+            return torch.load(io.BytesIO(data), weights_only=False)
+        except Exception as e:
+            raise CorruptCheckpointError(
+                f"checkpoint file {path} cannot be loaded ({len(data)} bytes, no D-ARL checksum header: {e}); it is "
+                "torn or corrupted. Resume from another checkpoint (trainer.resume_mode=resume_path) or start fresh"
+            ) from e
+    end = data.find(b"\n")
+    match = re.match(rb"^DARL-CHECKED-1 sha256=([0-9a-f]{64}) bytes=(\d+)$", data[:end]) if end > 0 else None
+    if match is None:
+        raise CorruptCheckpointError(f"checkpoint file {path} has a damaged header: the file is torn or corrupted")
+    digest, size = match.group(1).decode(), int(match.group(2))
+    payload = data[end + 1:]
+    found = hashlib.sha256(payload).hexdigest()
+    if len(payload) != size or found != digest:
+        raise CorruptCheckpointError(
+            f"checkpoint file {path} is torn or corrupted: its header promises {size} bytes with sha256 {digest[:16]}..., "
+            f"the file holds {len(payload)} bytes with sha256 {found[:16]}...; it was not written completely (or was "
+            "damaged since). Resume from another checkpoint (trainer.resume_mode=resume_path) or start fresh"
+        )
+    return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+# ---- the tracker and the step folders -------------------------------------------------------------------------------
+
+def step_folders(root: str) -> dict[int, str]:
+    """{t: path} of the `global_step_<t>` folders under `root`."""
+    if not os.path.isdir(root):
+        return {}
+    found = {}
+    for name in os.listdir(root):
+        m = STEP_DIR.match(name)
+        if m and os.path.isdir(os.path.join(root, name)):
+            found[int(m.group(1))] = os.path.join(root, name)
+    return found
+
+
+def read_tracker(root: str) -> Optional[int]:
+    """The step verl's tracker names; None when there is no tracker. Raises ValueError when it is unreadable."""
+    path = os.path.join(root, TRACKER_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        text = f.read().decode(errors="replace").strip()
+    return int(text)  # ValueError on a torn (empty) tracker
+
+
+def check_resume(root: str, log: Callable[[str], None] = print) -> Optional[int]:
+    """Before verl's `auto` resume from `root` (`trainer.default_local_dir`): repairs a torn tracker, refuses a
+    tracker naming a missing folder; returns the step resume will take (None: no checkpoint)."""
+    root = os.path.abspath(root)
+    path = os.path.join(root, TRACKER_FILE)
+    try:
+        step = read_tracker(root)
+    except ValueError:
+        complete = [t for t, folder in step_folders(root).items() if os.path.exists(os.path.join(folder, "data.pt"))]
+        if not complete:
+            raise CorruptCheckpointError(
+                f"the checkpoint tracker {path} is torn (not a step number) and no global_step_<t> folder under "
+                f"{root} holds a complete checkpoint (data.pt): remove the tracker to start fresh") from None
+        step = max(complete)
+        atomic_write_bytes(path, str(step).encode())
+        log(f"[D-ARL] the checkpoint tracker {path} was torn (a kill while verl wrote it); rewrote it with step {step}, "
+            f"the newest folder verl had finished writing (global_step_{step} has data.pt)")
+        return step
+    if step is None:
+        return None
+    folder = os.path.join(root, f"global_step_{step}")
+    if not os.path.isdir(folder):
+        raise CorruptCheckpointError(
+            f"the checkpoint tracker {path} names step {step}, but {folder} does not exist; verl would train from "
+            "scratch and overwrite this run. Restore the folder, point the tracker at an existing global_step_<t>, "
+            "or remove the tracker to start fresh")
+    return step
+
+
+def rotate(root: str, keep: Optional[int], log: Callable[[str], None] = print) -> list[int]:
+    """After verl's tracker names the newest checkpoint: removes whole `global_step_<t>` folders older than the
+    `keep` newest at or below it (partial folders above it are left to be overwritten). Returns the steps removed."""
+    if not keep or keep <= 0:
+        return []
+    try:
+        latest = read_tracker(root)
+    except ValueError:
+        return []
+    if latest is None:
+        return []
+    import shutil
+
+    steps = sorted(t for t in step_folders(root) if t <= latest)
+    removed = steps[:-keep] if len(steps) > keep else []
+    for t in removed:
+        shutil.rmtree(os.path.join(root, f"global_step_{t}"), ignore_errors=True)
+    if removed:
+        log(f"[D-ARL] removed checkpoint folder(s) {', '.join(f'global_step_{t}' for t in removed)} (keeping {keep})")
+    return removed
+
+
+def guarded_verl_save(trainer, save: Callable[[], Any], step: int) -> Any:
+    """Runs verl's `_save_checkpoint` (`save`) for step `step` with the checkpoint rotation moved after the tracker.
+
+    verl's rotation (`trainer.max_actor_ckpt_to_keep`) runs inside the actor save: with keep 1 the worker removes
+    the previous step's actor shards as soon as the new ones are written, before `data.pt` and the tracker, so a
+    kill in between leaves the tracker naming a step without weights. Here verl keeps everything, and once the
+    tracker names the new step, `rotate` removes the older folders whole (verl would leave their `data.pt` and
+    buffer files behind). Fault points `verl_save` (after the actor shards) and `after_save` (tracker written)."""
+    from omegaconf import open_dict
+
+    from .fault_inject import after_call, fault_point
+
+    cfg = trainer.config.trainer
+    keep = 1 if cfg.get("remove_previous_ckpt_in_save", False) else cfg.get("max_actor_ckpt_to_keep", None)
+    saved = {k: cfg.get(k) for k in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep", "remove_previous_ckpt_in_save")
+             if k in cfg}
+    with open_dict(cfg):
+        for k in saved:
+            cfg[k] = False if k == "remove_previous_ckpt_in_save" else None
+    try:
+        with after_call(trainer.actor_rollout_wg, "save_checkpoint", "verl_save", step):
+            result = save()
+    finally:
+        with open_dict(cfg):
+            for k, v in saved.items():
+                cfg[k] = v
+    fault_point("after_save", step)
+    rotate(os.path.abspath(cfg.default_local_dir), keep if isinstance(keep, int) and not isinstance(keep, bool) else None)
+    return result
+
+
+def verify_folder(folder: str, files: tuple[str, ...] = ("darl_replay.pt", "darl_queue.pt")) -> dict[str, str]:
+    """{file: "ok" | error message} for the checked files present in a checkpoint folder (the CLI below)."""
+    out = {}
+    for name in files:
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            try:
+                read_checked(path)
+                out[name] = "ok"
+            except CorruptCheckpointError as e:
+                out[name] = str(e)
+    return out
+
+
+if __name__ == "__main__":  # python -m recipe.darl.glue.fault_files <checkpoint folder>...
+    import sys
+
+    bad = 0
+    for arg in sys.argv[1:]:
+        for name, status in verify_folder(arg).items():
+            print(f"{os.path.join(arg, name)}: {status}")
+            bad += status != "ok"
+    sys.exit(1 if bad else 0)
