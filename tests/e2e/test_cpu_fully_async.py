@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from recipe.darl.glue.fault_files import read_checked
 from e2e_helpers import build_inputs, read_log, run_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,8 +33,8 @@ def runs(tmp_path_factory):
 
     first = run("run1.jsonl", "trainer.resume_mode=auto")
     step2 = out / "checkpoints" / "global_step_2"
-    saved = torch.load(step2 / "darl_replay.pt", weights_only=False)["replay"]
-    queued = torch.load(step2 / "darl_queue.pt", weights_only=False)["samples"]
+    saved = read_checked(step2 / "darl_replay.pt")["replay"]
+    queued = read_checked(step2 / "darl_queue.pt")["samples"]
     # a preemption after the step-2 checkpoint: resume from it while the first run's later steps are ignored
     second = run("run2.jsonl", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={step2}")
     return {"out": out, "first": first, "second": second, "saved": saved, "queued": queued, "step2": step2,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from recipe.darl.glue.fault_files import read_checked
 from e2e_helpers import K, build_inputs, read_log, run_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ def runs(tmp_path_factory):
         return run_script(SCRIPT, inputs, root, log, env, timeout=600)
 
     first = run(4, "run1.jsonl")
-    saved = torch.load(out / "checkpoints" / "global_step_4" / "darl_replay.pt", weights_only=False)["replay"]
+    saved = read_checked(out / "checkpoints" / "global_step_4" / "darl_replay.pt")["replay"]
     second = run(6, "run2.jsonl")  # stopped after the step-4 checkpoint, resumed to step 6
     return {"root": root, "model": model, "out": out, "first": first, "second": second, "saved": saved,
             "log1": read_log(root / "run1.jsonl"), "log2": read_log(root / "run2.jsonl")}

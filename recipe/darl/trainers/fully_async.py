@@ -37,10 +37,11 @@ import os
 import sys
 
 import ray
-import torch
 from ray import cloudpickle
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
+from ..glue.fault_files import check_resume, guarded_verl_save, read_checked, write_checked
+from ..glue.fault_inject import fault_point
 from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import ReplayStepMixin
 
@@ -75,10 +76,13 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, ReplayStepMixin, FullyAsyncTr
         return os.path.join(root, f"global_step_{self.current_param_version}")
 
     def _save_checkpoint(self):
+        # buffer and queue first (atomic, checksummed), then verl's files and its tracker (docs/faults.md)
         folder = self._checkpoint_folder()
+        version = int(self.current_param_version)
         self.save_replay(folder)
         self.save_queue(folder)
-        return super()._save_checkpoint()
+        fault_point("after_buffer", version)
+        return guarded_verl_save(self, super()._save_checkpoint, version)
 
     def save_queue(self, folder: str) -> int:
         """Writes the MessageQueue's samples (cloudpickled RolloutSamples, in queue order) to `folder` and
@@ -89,7 +93,7 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, ReplayStepMixin, FullyAsyncTr
             ray.get(client.queue_actor.put_sample.remote(item))
         samples = [x for x in items if x is not None]
         os.makedirs(folder, exist_ok=True)
-        torch.save({"samples": samples}, os.path.join(folder, QUEUE_FILE))
+        write_checked(os.path.join(folder, QUEUE_FILE), {"samples": samples})
         print(f"[D-ARL] saved {len(samples)} generated but untrained sample(s) to {folder}/{QUEUE_FILE}")
         return len(samples)
 
@@ -98,7 +102,7 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, ReplayStepMixin, FullyAsyncTr
         path = os.path.join(folder, QUEUE_FILE)
         if not os.path.exists(path):
             return 0
-        samples = torch.load(path, weights_only=False)["samples"]
+        samples = read_checked(path)["samples"]
         for sample in samples:
             await self.message_queue_client.put_sample(sample)
         self._requeued = len(samples)
@@ -115,6 +119,8 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, ReplayStepMixin, FullyAsyncTr
         return await super()._fit_update_weights()
 
     async def load_checkpoint(self):
+        if self.config.trainer.resume_mode == "auto":
+            check_resume(self.config.trainer.default_local_dir)  # before the rollouter reads the tracker too
         version = await super().load_checkpoint()
         if self.current_param_version > 0:
             if self.config.trainer.resume_mode == "resume_path":
@@ -125,6 +131,10 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, ReplayStepMixin, FullyAsyncTr
             await self.requeue(folder)
         self._clear_stale_stop_request()
         return version
+
+    def _fit_update_actor(self, batch):
+        fault_point("update", self.global_steps)  # trainer step; the rollouter keeps generating meanwhile
+        return super()._fit_update_actor(batch)
 
     def _fit_save_checkpoint(self, force=False):
         super()._fit_save_checkpoint(force)

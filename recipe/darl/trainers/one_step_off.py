@@ -9,6 +9,8 @@ import os
 
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
+from ..glue.fault_files import check_resume, guarded_verl_save
+from ..glue.fault_inject import fault_point
 from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import BUFFER_FILE, ReplayStepMixin
 
@@ -24,10 +26,16 @@ class DarlTrainer(GracefulStopMixin, ReplayStepMixin, OneStepOffRayTrainer):
         self._init_replay(config)
 
     def _save_checkpoint(self):
-        self.save_replay(os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"))
-        return super()._save_checkpoint()
+        # the buffer first (atomic, checksummed), then verl's files and, last, verl's tracker: a kill anywhere before
+        # the tracker leaves the previous checkpoint the one resume takes (docs/faults.md)
+        step = self.global_steps
+        self.save_replay(os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}"))
+        fault_point("after_buffer", step)
+        return guarded_verl_save(self, super()._save_checkpoint, step)
 
     def _load_checkpoint(self):
+        if self.config.trainer.resume_mode == "auto":
+            check_resume(self.config.trainer.default_local_dir)  # a torn tracker repaired, a dangling one refused
         result = super()._load_checkpoint()
         if self.buffer is not None and self.global_steps > 0:
             # the folder verl's _load_checkpoint just resumed from
@@ -38,6 +46,14 @@ class DarlTrainer(GracefulStopMixin, ReplayStepMixin, OneStepOffRayTrainer):
             self.load_replay(folder)
         self._clear_stale_stop_request()
         return result
+
+    async def _fit_generate(self, batch_data_future, continuous_iterator):
+        fault_point("generate", self.global_steps)  # the step's batch is being generated
+        return await super()._fit_generate(batch_data_future, continuous_iterator)
+
+    def _fit_update_actor(self, batch):
+        fault_point("update", self.global_steps)
+        return super()._fit_update_actor(batch)
 
     def _fit_save_checkpoint(self):
         if not self._stop_requested():
