@@ -110,6 +110,7 @@ def check_config(cfg: DictConfig) -> list[str]:
         problems += fully_async_findings(cfg)[0]
     problems += _batch_problems(cfg, replay_values if enabled else None)
     problems += _path_problems(cfg)
+    problems += _fault_problems(cfg)
     return problems
 
 
@@ -211,6 +212,19 @@ def _path_problems(cfg: DictConfig) -> list[str]:
         for f in [files] if isinstance(files, str) else list(files):
             if "://" not in f and not os.path.exists(os.path.expanduser(f)):
                 problems.append(f"data.{key}: {f} does not exist")
+    return problems
+
+
+def _fault_problems(cfg: DictConfig) -> list[str]:
+    faults = cfg.get("faults") or {}
+    problems = []
+    for key in ("generation_timeout_s", "reward_timeout_s"):
+        value = faults.get(key)
+        if value is not None and not (_number(value) and value > 0):
+            problems.append(f"faults.{key} must be null (no limit) or seconds > 0, got {value!r}")
+    policy = faults.get("reward_errors", "raise")
+    if policy not in ("raise", "zero"):
+        problems.append(f"faults.reward_errors must be raise or zero, got {policy!r}")
     return problems
 
 

@@ -8,7 +8,9 @@ once. The points:
 
 | point | where |
 |---|---|
-| `generate` | start of the step's `_fit_generate`, while the step's batch is being generated (one-step-off) |
+| `generate` | an hf rollout server's decode step with the weights of version `<step>` (one-step-off: while trainer step `<step>` runs, the next batch is generated) |
+| `rollout_server` | the same place, but only that server's process dies (a dead rollout server; the job goes on) |
+| `rollout_stop` | the same place, but that server's process is frozen with SIGSTOP (a hung server: alive to Ray, answering nothing) |
 | `update` | start of `_fit_update_actor` (with a delay: during the update) |
 | `buffer_write` | inside the buffer's atomic write: temporary file complete, not yet renamed |
 | `after_buffer` | inside a checkpoint save: buffer (and queue) written, verl's files not yet |
@@ -29,7 +31,9 @@ import time
 from contextlib import contextmanager
 
 ENV = "DARL_FAULT_INJECT"
-POINTS = ("generate", "update", "buffer_write", "after_buffer", "verl_save", "after_save")
+POINTS = ("generate", "update", "buffer_write", "after_buffer", "verl_save", "after_save", "rollout_server",
+          "rollout_stop")
+ALONE = ("rollout_server", "rollout_stop")  # points that hit only the process they fire in
 
 
 def parse(spec: str) -> list[tuple[str, int, float]]:
@@ -49,7 +53,7 @@ def armed(point: str, step: int) -> bool:
 
 def _kill(point: str, step: int) -> None:
     line = f"{point}:{step} pid {os.getpid()} at {time.time():.3f}"
-    print(f"[D-ARL] fault injection: SIGKILL at {line}", flush=True)
+    print(f"[D-ARL] fault injection: {'SIGSTOP' if point == 'rollout_stop' else 'SIGKILL'} at {line}", flush=True)
     marker = os.environ.get("DARL_FAULT_MARKER")
     if marker:
         with open(marker, "a") as f:
@@ -57,12 +61,12 @@ def _kill(point: str, step: int) -> None:
             f.flush()
             os.fsync(f.fileno())
     pgid = os.environ.get("DARL_FAULT_PGID")
-    if pgid:
+    if pgid and point not in ALONE:
         try:
             os.killpg(int(pgid), signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGSTOP if point == "rollout_stop" else signal.SIGKILL)
 
 
 def fault_point(point: str, step: int) -> None:

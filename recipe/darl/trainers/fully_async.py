@@ -42,6 +42,7 @@ from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncT
 
 from ..glue.fault_files import check_resume, guarded_verl_save, read_checked, write_checked
 from ..glue.fault_inject import fault_point
+from ..glue.fault_reward import RewardGuardMixin
 from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import ReplayStepMixin
 
@@ -55,7 +56,7 @@ class StopRequested(Exception):
     """Ends `fit` after a stop checkpoint. Not verl's TrainingStopException: its path syncs weights once more."""
 
 
-class DarlFullyAsyncTrainerImpl(GracefulStopMixin, ReplayStepMixin, FullyAsyncTrainerBase):
+class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ReplayStepMixin, FullyAsyncTrainerBase):
     """Fully-async PPO/GRPO with D-ARL replay and the multi-behavior loss (the plain class; the Ray actor
     is `DarlFullyAsyncTrainer`)."""
 

@@ -11,13 +11,15 @@ from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrain
 
 from ..glue.fault_files import check_resume, guarded_verl_save
 from ..glue.fault_inject import fault_point
+from ..glue.fault_reward import RewardGuardMixin
+from ..glue.fault_rollout import generation_timeout, guard_generation
 from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import BUFFER_FILE, ReplayStepMixin
 
 __all__ = ["BUFFER_FILE", "DarlTrainer"]
 
 
-class DarlTrainer(GracefulStopMixin, ReplayStepMixin, OneStepOffRayTrainer):
+class DarlTrainer(GracefulStopMixin, RewardGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
     """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss; ends early, with a checkpoint, on a
     stop request (glue/graceful_stop.py)."""
 
@@ -47,9 +49,16 @@ class DarlTrainer(GracefulStopMixin, ReplayStepMixin, OneStepOffRayTrainer):
         self._clear_stale_stop_request()
         return result
 
-    async def _fit_generate(self, batch_data_future, continuous_iterator):
-        fault_point("generate", self.global_steps)  # the step's batch is being generated
-        return await super()._fit_generate(batch_data_future, continuous_iterator)
+    async def _async_gen_next_batch(self, continuous_iterator):
+        # a dead server or a generation past faults.generation_timeout_s: an error naming the servers and the step
+        step = self.global_steps + (1 if getattr(self, "_darl_generating", False) else 0)  # the first batch is step t's
+        self._darl_generating = True
+        manager = getattr(self, "llm_server_manager", None)
+        return await guard_generation(
+            super()._async_gen_next_batch(continuous_iterator),
+            what=f"generating the batch of trainer step {step} (rollout weights of step {step - 1})",
+            timeout_s=generation_timeout(self.config), handles=getattr(manager, "server_handles", []),
+            addresses=getattr(manager, "server_addresses", []))
 
     def _fit_update_actor(self, batch):
         fault_point("update", self.global_steps)

@@ -1,0 +1,132 @@
+"""A reward function that raises or hangs, and rewards that are NaN or infinite (docs/faults.md, docs/metrics.md).
+
+`GuardedRewardManager` is verl's `naive` reward manager (verl/experimental/reward_loop/reward_manager/naive.py)
+with two additions, chosen by the D-ARL configs (`reward.reward_manager.source: importlib`, this module):
+
+- a time limit per call, `faults.reward_timeout_s` (null: none);
+- what a failure (an exception, or the time limit) does, `faults.reward_errors`:
+  `raise` (default): `RewardError` naming the reward function, the failure and the sample (data source, its
+  index in the data set when the row has `extra_info.index`, the ground truth, the response's start), which ends
+  the run; `zero`: the sample scores 0.0, one line is printed, and it is counted in `faults/reward_failed`.
+
+Every sample also carries `darl_reward_failed` (0.0 or 1.0) among its reward extra infos, which is how the
+trainer counts failures (`RewardGuardMixin`, which then drops the field, so batches keep the fields that replay
+buffers saved without it hold). A timed-out call's thread cannot be stopped: it runs on in the
+reward worker (a reward that can hang should enforce its own limit too, as `recipe.darl.rewards` does for code).
+
+`RewardGuardMixin._fit_compute_reward` (both trainers) logs `faults/reward_failed` and replaces NaN or infinite
+rewards by 0.0, counting the samples in `faults/nonfinite_rewards`: one NaN reward would turn its whole GRPO group's
+advantages, and then the update, into NaN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+
+FAILED_KEY = "darl_reward_failed"
+
+
+class RewardError(RuntimeError):
+    """A reward function raised or outlived `faults.reward_timeout_s`; names the function and the sample."""
+
+
+def reward_name(config) -> str:
+    fn = config.reward.get("custom_reward_function") or {}
+    if fn.get("path"):
+        return f"{fn.get('name') or 'compute_score'} from {fn.get('path')}"
+    return "verl's default_compute_score"
+
+
+def describe_sample(data) -> str:
+    item = data[-1]
+    nt = item.non_tensor_batch
+    extra = nt.get("extra_info", {}) or {}
+    reward_model = nt.get("reward_model", {}) or {}
+    parts = [f"data_source={nt.get('data_source')!r}"]
+    if isinstance(extra, dict) and "index" in extra:
+        parts.append(f"index={extra['index']!r}")
+    if isinstance(extra, dict) and "split" in extra:
+        parts.append(f"split={extra['split']!r}")
+    parts.append(f"ground_truth={str(reward_model.get('ground_truth'))[:80]!r}")
+    return ", ".join(parts)
+
+
+class GuardedRewardManager(NaiveRewardManager):
+    """verl's naive reward manager with a time limit and an error policy (module docstring)."""
+
+    def __init__(self, config, tokenizer, compute_score, *args, **kwargs):
+        super().__init__(config, tokenizer, compute_score, *args, **kwargs)
+        faults = config.get("faults") or {}
+        self.timeout_s = float(faults.get("reward_timeout_s") or 0) or None
+        self.on_error = faults.get("reward_errors", "raise") or "raise"
+        self.reward_name = reward_name(config)
+        self._keys: list[str] = []  # extra-info keys of a successful call, filled with 0.0 on a failure
+        self.failures = 0
+
+    async def run_single(self, data) -> dict:
+        try:
+            call = super().run_single(data)
+            result = await (asyncio.wait_for(call, self.timeout_s) if self.timeout_s else call)
+            failure = None
+        except asyncio.TimeoutError:
+            failure = f"took longer than faults.reward_timeout_s={self.timeout_s:g} s"
+        except Exception as e:  # noqa: BLE001 - reported with the sample, or counted
+            failure = f"raised {type(e).__name__}: {e}"
+        if failure is None:
+            info = result.setdefault("reward_extra_info", {})
+            self._keys = [k for k in info if k != FAILED_KEY] or self._keys
+            info[FAILED_KEY] = 0.0
+            return result
+        sample = describe_sample(data)
+        if self.on_error != "zero":
+            raise RewardError(f"the reward function ({self.reward_name}) {failure}, on the sample {sample}. "
+                              "Fix the reward, or set faults.reward_errors=zero to count such samples as reward 0 "
+                              "(logged as faults/reward_failed)")
+        self.failures += 1
+        print(f"[D-ARL] reward ({self.reward_name}) {failure} on {sample}: scored 0.0 "
+              f"({self.failures} failure(s) in this reward worker)", flush=True)
+        info = {k: 0.0 for k in (self._keys or ["acc"])}
+        info[FAILED_KEY] = 1.0
+        return {"reward_score": 0.0, "reward_extra_info": info}
+
+
+def sanitize_rewards(reward_tensor: torch.Tensor) -> int:
+    """Replaces NaN/inf token rewards by 0 in place; returns how many samples (rows) had one."""
+    bad = ~torch.isfinite(reward_tensor)
+    if not bad.any():
+        return 0
+    rows = int(bad.any(dim=-1).sum()) if reward_tensor.dim() > 1 else int(bad.sum())
+    reward_tensor[bad] = 0.0
+    return rows
+
+
+class RewardGuardMixin:
+    """Counts failed rewards and removes non-finite ones after verl's `_fit_compute_reward` (both trainers)."""
+
+    def _fit_compute_reward(self, batch):
+        batch = super()._fit_compute_reward(batch)
+        metrics = getattr(self, "metrics", None)
+        # counted, then removed: the flag is not a reward field, and groups stored in the replay buffer must keep
+        # the non-tensor fields of groups saved by runs without it (a resumed buffer is merged with new batches)
+        extra = getattr(self, "reward_extra_infos_dict", None) or {}
+        failed = extra.pop(FAILED_KEY, None)
+        batch.non_tensor_batch.pop(FAILED_KEY, None)
+        keys = batch.meta_info.get("reward_extra_keys")
+        if isinstance(keys, list) and FAILED_KEY in keys:
+            batch.meta_info["reward_extra_keys"] = [k for k in keys if k != FAILED_KEY]
+        if failed is not None and metrics is not None:
+            metrics["faults/reward_failed"] = float(sum(float(x) for x in failed))
+        reward = getattr(self, "reward_tensor", None)
+        if isinstance(reward, torch.Tensor):
+            n = sanitize_rewards(reward)
+            if "token_level_scores" in batch.batch.keys() and batch.batch["token_level_scores"] is not reward:
+                sanitize_rewards(batch.batch["token_level_scores"])
+            if metrics is not None:
+                metrics["faults/nonfinite_rewards"] = float(n)
+            if n:
+                print(f"[D-ARL] step {getattr(self, 'global_steps', '?')}: {n} sample(s) with a NaN or infinite reward "
+                      "scored 0.0 (faults/nonfinite_rewards)", flush=True)
+        return batch

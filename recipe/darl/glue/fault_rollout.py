@@ -1,0 +1,82 @@
+"""A dead or hung rollout server stops the run with an error naming it and the step (docs/faults.md).
+
+A server actor that dies (OOM kill, crash, lost node) fails its pending `generate` calls with Ray's
+`ActorDiedError` as soon as Ray sees the process gone; verl passes that up through the agent loop as a long
+traceback that names neither the step nor what to do. A server that hangs (a wedged engine, a deadlocked
+kernel) fails nothing: verl waits forever. `guard_generation` bounds the wait by `faults.generation_timeout_s`
+and, on either failure, asks every rollout server for a trivial answer (`__ray_call__`, which any Ray actor
+serves, vLLM's included) and raises `RolloutServerError` listing each server as alive, dead or not answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Optional, Sequence
+
+PING_TIMEOUT_S = 10.0
+
+
+class RolloutServerError(RuntimeError):
+    """The rollout could not produce a batch: a server died or a generation outlived the timeout."""
+
+
+def _ping(actor) -> int:
+    return 0
+
+
+async def server_states(handles: Sequence[Any], addresses: Sequence[str], timeout_s: Optional[float] = None) -> list[str]:
+    """One line per rollout server: `<address> (actor <id>): alive | DEAD (<reason>) | NOT ANSWERING within <t> s`."""
+    import ray
+
+    timeout_s = PING_TIMEOUT_S if timeout_s is None else timeout_s
+
+    async def one(handle, address):
+        label = f"{address} (actor {handle._actor_id.hex()[:12]})"
+        try:
+            await asyncio.wait_for(handle.__ray_call__.remote(_ping), timeout_s)
+            return f"{label}: alive"
+        except asyncio.TimeoutError:
+            return f"{label}: NOT ANSWERING within {timeout_s:g} s"
+        except ray.exceptions.RayActorError as e:
+            return f"{label}: DEAD ({type(e).__name__})"
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            return f"{label}: error {type(e).__name__}: {e}"
+
+    return list(await asyncio.gather(*(one(h, a) for h, a in zip(handles, addresses))))
+
+
+def generation_timeout(config) -> Optional[float]:
+    faults = config.get("faults") or {}
+    value = faults.get("generation_timeout_s")
+    return float(value) if value else None
+
+
+async def guard_generation(work: Awaitable, *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
+                           addresses: Sequence[str]) -> Any:
+    """Awaits `work` (a batch's generation); a timeout or a dead server raises `RolloutServerError` naming `what`
+    (the step) and the state of every server."""
+    import ray
+
+    t0 = time.time()
+    try:
+        if timeout_s:
+            return await asyncio.wait_for(work, timeout_s)
+        return await work
+    except asyncio.TimeoutError:
+        states = await server_states(handles, addresses)
+        error = RolloutServerError(
+            f"{what}: no batch after {timeout_s:g} s (faults.generation_timeout_s); rollout servers:\n  "
+            + "\n  ".join(states) + "\nA hung server (or a generation slower than the timeout: raise it)")
+        cause = None
+    except ray.exceptions.RayError as e:
+        states = await server_states(handles, addresses)
+        if not any(": DEAD" in s for s in states) and not isinstance(e, ray.exceptions.RayActorError):
+            raise
+        error = RolloutServerError(
+            f"{what}: a rollout server died during generation ({type(e).__name__}); rollout servers:\n  "
+            + "\n  ".join(states) + "\nThe last checkpoint is intact: resume with trainer.resume_mode=auto")
+        cause = e
+    print(f"[D-ARL] rollout failure detected at {time.time():.3f} ({time.time() - t0:.1f} s into the wait): "
+          f"{str(error).splitlines()[0]}", flush=True)
+    raise error from cause

@@ -1,0 +1,99 @@
+"""`guard_generation` (recipe/darl/glue/fault_rollout.py) with stand-in server handles: a dead server and a hung
+generation become a `RolloutServerError` naming the step and each server's state; other errors pass through.
+The real thing (a killed, a frozen hf server through Ray) is in test_kill_resume.py."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+import ray.exceptions
+from omegaconf import OmegaConf
+
+from recipe.darl.glue import fault_rollout as fr
+
+
+class Handle:
+    """A server actor handle: `__ray_call__.remote(fn)` answers, hangs or raises ActorDiedError."""
+
+    def __init__(self, hexid: str, state: str):
+        self._actor_id = SimpleNamespace(hex=lambda: hexid)
+        self.state = state
+
+    @property
+    def __ray_call__(self):
+        async def remote(fn):
+            if self.state == "dead":
+                raise ray.exceptions.ActorDiedError()
+            if self.state == "hung":
+                await asyncio.sleep(3600)
+            return fn(None)
+
+        return SimpleNamespace(remote=remote)
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_server_states_names_each_server(monkeypatch):
+    handles = [Handle("a" * 32, "alive"), Handle("b" * 32, "dead"), Handle("c" * 32, "hung")]
+    states = _run(fr.server_states(handles, ["hf://x/hf_server_0_0", "hf://y/hf_server_1_0", "10.0.0.3:8000"],
+                                   timeout_s=0.2))
+    assert states == ["hf://x/hf_server_0_0 (actor aaaaaaaaaaaa): alive",
+                      "hf://y/hf_server_1_0 (actor bbbbbbbbbbbb): DEAD (ActorDiedError)",
+                      "10.0.0.3:8000 (actor cccccccccccc): NOT ANSWERING within 0.2 s"]
+
+
+def test_a_dead_server_becomes_an_error_naming_it_and_the_step(monkeypatch, capsys):
+    async def work():
+        raise ray.exceptions.ActorDiedError()
+
+    handles = [Handle("a" * 32, "alive"), Handle("b" * 32, "dead")]
+    with pytest.raises(fr.RolloutServerError) as e:
+        _run(fr.guard_generation(work(), what="generating the batch of trainer step 7", timeout_s=None,
+                                 handles=handles, addresses=["s0", "s1"]))
+    text = str(e.value)
+    assert text.startswith("generating the batch of trainer step 7: a rollout server died during generation (ActorDiedError)")
+    assert "s1 (actor bbbbbbbbbbbb): DEAD" in text and "s0 (actor aaaaaaaaaaaa): alive" in text
+    assert isinstance(e.value.__cause__, ray.exceptions.ActorDiedError)
+    assert "[D-ARL] rollout failure detected at" in capsys.readouterr().out
+
+
+def test_a_generation_past_the_timeout_is_an_error_naming_the_hung_server(monkeypatch):
+    monkeypatch.setattr(fr, "PING_TIMEOUT_S", 0.2)
+
+    async def work():
+        await asyncio.sleep(3600)
+
+    with pytest.raises(fr.RolloutServerError, match=r"step 3: no batch after 0.5 s \(faults.generation_timeout_s\)") as e:
+        _run(fr.guard_generation(work(), what="step 3", timeout_s=0.5, handles=[Handle("c" * 32, "hung")], addresses=["s0"]))
+    assert "s0 (actor cccccccccccc): NOT ANSWERING within 0.2 s" in str(e.value)
+
+
+def test_other_errors_pass_through_and_results_are_returned():
+    async def broken():
+        raise ray.exceptions.RayTaskError("f", "traceback", ValueError("a bug in a reward"))
+
+    with pytest.raises(ray.exceptions.RayTaskError):
+        _run(fr.guard_generation(broken(), what="x", timeout_s=5, handles=[Handle("a" * 32, "alive")], addresses=["s0"]))
+
+    async def fine():
+        return 42
+
+    assert _run(fr.guard_generation(fine(), what="x", timeout_s=5, handles=[], addresses=[])) == 42
+
+
+def test_the_timeout_key():
+    assert fr.generation_timeout(OmegaConf.create({"faults": {"generation_timeout_s": 90}})) == 90.0
+    assert fr.generation_timeout(OmegaConf.create({"faults": {"generation_timeout_s": None}})) is None
+    assert fr.generation_timeout(OmegaConf.create({})) is None
+
+
+def test_the_config_check_refuses_a_bad_timeout(compose_config):
+    from recipe.darl.glue.config_check import check_config
+
+    assert not [p for p in check_config(compose_config()) if "faults" in p]
+    assert any("faults.generation_timeout_s must be null" in p
+               for p in check_config(compose_config("faults.generation_timeout_s=-5")))
