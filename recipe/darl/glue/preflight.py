@@ -96,6 +96,10 @@ def logger_problems(cfg: DictConfig, env: Mapping[str, str] | None = None, home:
 
 def preflight(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_importable,
               env: Mapping[str, str] | None = None, home: str | None = None) -> tuple[list[str], list[str]]:
-    """(problems, lines to print): the logger check, and the attention fallback applied to `cfg`."""
+    """(problems, lines to print): the logger check, the data check (glue/data_check.py: rows without ground
+    truth, empty or overlong prompts), and the attention fallback applied to `cfg`."""
+    from .data_check import data_problems
+
     line = select_attention(cfg, importable)
-    return logger_problems(cfg, env, home), [line] if line else []
+    data, data_lines = data_problems(cfg)
+    return logger_problems(cfg, env, home) + data, ([line] if line else []) + data_lines

@@ -1,0 +1,152 @@
+"""Rows the run would choke on, found before Ray starts, each named by file, row and field (docs/faults.md).
+
+verl reads the data only inside its task runner, after Ray, the workers and the rollout servers have started, and
+some bad rows fail later still, in a reward worker, in the middle of training:
+
+- a row without `reward_model.ground_truth`: verl's reward manager reads `reward_model["ground_truth"]` for every
+  sample (a KeyError in a reward worker at the first batch holding that row);
+- an empty prompt (no messages, or only empty contents): the model is asked nothing, or the chat template fails;
+- a prompt longer than `data.max_prompt_length` tokens (the chat template applied, as verl does) while
+  `data.filter_overlong_prompts=false`: verl 0.9.1's agent loop then silently cuts the prompt's beginning
+  (`_cap_text_prompt_length`). With the filter on, verl drops such rows itself and nothing is checked here.
+
+`data_problems` returns one problem per kind and file, naming the first rows (row = 0-based position in the file).
+Only parquet files are read; `faults.check_data=false` skips the check.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+SHOW = 5  # rows named per problem
+
+
+def _files(value) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _messages(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    try:
+        return [dict(m) if not isinstance(m, dict) else m for m in list(value)]
+    except (TypeError, ValueError):
+        return [value]
+
+
+def _empty_prompt(value) -> bool:
+    messages = _messages(value)
+    if not messages:
+        return True
+    contents = [m.get("content") if isinstance(m, dict) else m for m in messages]
+    return all(c is None or (isinstance(c, str) and not c.strip()) for c in contents)
+
+
+def _ground_truth_problem(value) -> Optional[str]:
+    if value is None:
+        return "is missing or empty"
+    try:
+        info = dict(value)
+    except (TypeError, ValueError):
+        return f"is unreadable (reward_model is {type(value).__name__})"
+    truth = info.get("ground_truth")  # parquet stores a field some rows lack as null in those rows
+    if truth is None or (isinstance(truth, str) and not truth.strip()):
+        return "is missing or empty"
+    return None
+
+
+def _rows(rows: list[int], total: int) -> str:
+    shown = ", ".join(str(r) for r in rows[:SHOW])
+    more = f" and {len(rows) - SHOW} more" if len(rows) > SHOW else ""
+    return f"row{'s' if len(rows) > 1 else ''} {shown}{more} (of {total})"
+
+
+def load_tokenizer(cfg: DictConfig):
+    """The actor's tokenizer when the model path is a local folder (None otherwise: the length check is skipped)."""
+    path = cfg.actor_rollout_ref.model.get("path")
+    if not path or not os.path.isdir(os.path.expanduser(str(path))):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(os.path.expanduser(str(path)),
+                                         trust_remote_code=bool(cfg.data.get("trust_remote_code", False)))
+
+
+def data_problems(cfg: DictConfig, tokenizer_loader: Callable[[DictConfig], Any] = load_tokenizer) -> tuple[list[str], list[str]]:
+    """(problems, lines to print) of `data.train_files` and `data.val_files`."""
+    faults = cfg.get("faults") or {}
+    if not faults.get("check_data", True):
+        return [], []
+    data = cfg.data
+    prompt_key = data.get("prompt_key", "prompt") or "prompt"
+    max_len = int(data.get("max_prompt_length") or 0)
+    check_length = max_len > 0 and not data.get("filter_overlong_prompts", True)
+    template_kwargs = data.get("apply_chat_template_kwargs") or {}
+    if OmegaConf.is_config(template_kwargs):
+        template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) or {}
+    tokenizer, lines, problems = None, [], []
+    for key in ("train_files", "val_files"):
+        for path in _files(data.get(key)):
+            path = os.path.expanduser(str(path))
+            if "://" in path or not path.endswith(".parquet") or not os.path.isfile(path):
+                continue
+            try:
+                import pandas as pd
+
+                frame = pd.read_parquet(path)
+            except Exception as e:  # noqa: BLE001 - verl reports it when it reads the file
+                lines.append(f"[D-ARL] data.{key}: {path} not checked: it cannot be read as parquet ({type(e).__name__})")
+                continue
+            total = len(frame)
+            if prompt_key not in frame.columns:
+                problems.append(f"data.{key}: {path} has no column {prompt_key!r} (data.prompt_key)")
+            else:
+                empty = [i for i, v in enumerate(frame[prompt_key]) if _empty_prompt(v)]
+                if empty:
+                    problems.append(f"data.{key}: {path}: field {prompt_key!r} is empty in {_rows(empty, total)}")
+            if "reward_model" not in frame.columns:
+                problems.append(f"data.{key}: {path} has no column 'reward_model': verl's reward manager reads "
+                                "reward_model.ground_truth for every sample")
+            else:
+                bad: dict[str, list[int]] = {}
+                for i, v in enumerate(frame["reward_model"]):
+                    what = _ground_truth_problem(v)
+                    if what:
+                        bad.setdefault(what, []).append(i)
+                for what, rows in bad.items():
+                    problems.append(f"data.{key}: {path}: field 'reward_model.ground_truth' {what} in {_rows(rows, total)}")
+            if check_length and prompt_key in frame.columns:
+                if tokenizer is None:
+                    try:
+                        tokenizer = tokenizer_loader(cfg)
+                    except Exception as e:  # noqa: BLE001
+                        lines.append(f"[D-ARL] prompt lengths not checked: the tokenizer did not load ({e})")
+                        check_length = False
+                        continue
+                    if tokenizer is None:
+                        lines.append("[D-ARL] prompt lengths not checked before Ray: the model path is not a local folder")
+                        check_length = False
+                        continue
+                long_rows, longest = [], 0
+                for i, v in enumerate(frame[prompt_key]):
+                    if _empty_prompt(v):
+                        continue
+                    ids = tokenizer.apply_chat_template(_messages(v), add_generation_prompt=True, tokenize=True,
+                                                        **template_kwargs)
+                    n = len(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+                    if n > max_len:
+                        long_rows.append(i)
+                        longest = max(longest, n)
+                if long_rows:
+                    problems.append(
+                        f"data.{key}: {path}: field {prompt_key!r} is longer than data.max_prompt_length={max_len} "
+                        f"tokens (up to {longest}) in {_rows(long_rows, total)}; verl would cut the prompts' beginning. "
+                        "Set data.filter_overlong_prompts=true to drop them, or raise data.max_prompt_length")
+    return problems, lines
