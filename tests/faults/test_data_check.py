@@ -17,10 +17,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class CharTokenizer:
-    """One token per character of the joined message contents, plus 3 for the template."""
+    """A template of 3 characters around the joined message contents; one token per character."""
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, **kw):
-        return list(range(3 + sum(len(m["content"]) for m in messages)))
+    def apply_chat_template(self, conversations, add_generation_prompt=True, tokenize=False, **kw):
+        assert not tokenize and add_generation_prompt
+        return ["<" + "".join(m["content"] for m in conv) + ">:" for conv in conversations]
+
+    def __call__(self, texts, add_special_tokens=True):
+        assert not add_special_tokens
+        return {"input_ids": [list(t) for t in texts]}
 
 
 def _cfg(train, val, **data):

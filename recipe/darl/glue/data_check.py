@@ -79,6 +79,18 @@ def load_tokenizer(cfg: DictConfig):
                                          trust_remote_code=bool(cfg.data.get("trust_remote_code", False)))
 
 
+def prompt_lengths(tokenizer, conversations: list[list[dict]], template_kwargs: dict, chunk: int = 1024) -> list[int]:
+    """Tokens of each prompt as the rollout sees it: the chat template with the generation prompt, rendered in
+    batches, then tokenized without extra special tokens (verl's `maybe_filter_out_long_prompts`)."""
+    kwargs = {k: v for k, v in template_kwargs.items() if k not in ("tokenize", "return_dict", "return_tensors")}
+    out: list[int] = []
+    for start in range(0, len(conversations), chunk):
+        texts = tokenizer.apply_chat_template(conversations[start:start + chunk], add_generation_prompt=True,
+                                              tokenize=False, **kwargs)
+        out += [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return out
+
+
 def data_problems(cfg: DictConfig, tokenizer_loader: Callable[[DictConfig], Any] = load_tokenizer) -> tuple[list[str], list[str]]:
     """(problems, lines to print) of `data.train_files` and `data.val_files`."""
     faults = cfg.get("faults") or {}
@@ -134,16 +146,10 @@ def data_problems(cfg: DictConfig, tokenizer_loader: Callable[[DictConfig], Any]
                         lines.append("[D-ARL] prompt lengths not checked before Ray: the model path is not a local folder")
                         check_length = False
                         continue
-                long_rows, longest = [], 0
-                for i, v in enumerate(frame[prompt_key]):
-                    if _empty_prompt(v):
-                        continue
-                    ids = tokenizer.apply_chat_template(_messages(v), add_generation_prompt=True, tokenize=True,
-                                                        **template_kwargs)
-                    n = len(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-                    if n > max_len:
-                        long_rows.append(i)
-                        longest = max(longest, n)
+                rows = [i for i, v in enumerate(frame[prompt_key]) if not _empty_prompt(v)]
+                lengths = prompt_lengths(tokenizer, [_messages(frame[prompt_key].iloc[i]) for i in rows], template_kwargs)
+                long_rows = [i for i, n in zip(rows, lengths) if n > max_len]
+                longest = max(lengths, default=0)
                 if long_rows:
                     problems.append(
                         f"data.{key}: {path}: field {prompt_key!r} is longer than data.max_prompt_length={max_len} "
