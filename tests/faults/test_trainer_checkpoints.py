@@ -136,3 +136,24 @@ def test_rotation_happens_after_the_tracker_and_removes_whole_folders(replay_cfg
     # verl's worker was told to keep everything (it would remove the previous shards before the tracker moves)
     assert trainer.actor_rollout_wg.kept == [None, None, None]
     assert cfg.trainer.max_actor_ckpt_to_keep == 1  # restored after each save
+
+
+def test_a_torn_fully_async_queue_file_is_refused_naming_it(tmp_path):
+    """The fully-async trainer's saved queue (`darl_queue.pt`) goes through the same checked read."""
+    import asyncio
+
+    from recipe.darl.trainers import fully_async as fa
+
+    put = []
+    trainer = fa.DarlFullyAsyncTrainerImpl.__new__(fa.DarlFullyAsyncTrainerImpl)
+
+    async def put_sample(sample):
+        put.append(sample)
+
+    trainer.message_queue_client = type("Client", (), {"put_sample": staticmethod(put_sample)})()
+    ff.write_checked(str(tmp_path / fa.QUEUE_FILE), {"samples": [b"s1", b"s2"]})
+    assert asyncio.run(trainer.requeue(str(tmp_path))) == 2 and put == [b"s1", b"s2"]
+    data = (tmp_path / fa.QUEUE_FILE).read_bytes()
+    (tmp_path / fa.QUEUE_FILE).write_bytes(data[:-5])
+    with pytest.raises(ff.CorruptCheckpointError, match=str(tmp_path / fa.QUEUE_FILE)):
+        asyncio.run(trainer.requeue(str(tmp_path)))
