@@ -97,3 +97,29 @@ def test_the_config_check_refuses_a_bad_timeout(compose_config):
     assert not [p for p in check_config(compose_config()) if "faults" in p]
     assert any("faults.generation_timeout_s must be null" in p
                for p in check_config(compose_config("faults.generation_timeout_s=-5")))
+
+
+def test_fully_async_a_rollouter_that_stopped_early_is_an_error_not_a_finished_run():
+    """verl's rollouter sends its finish signal also after its generation failed; the D-ARL trainer then checks
+    whether it fed all its prompts."""
+    from recipe.darl.trainers import fully_async as fa
+
+    class Rollouter:
+        def __init__(self, fed, total, handles):
+            self.global_steps, self.total_rollout_steps = fed, total
+            self.server_handles, self.server_addresses = handles, [f"hf://r/hf_server_{i}_0" for i in range(len(handles))]
+
+            async def call(fn, *args):
+                return fn(self, *args)
+
+            self.__ray_call__ = SimpleNamespace(remote=call)
+
+    trainer = fa.DarlFullyAsyncTrainerImpl.__new__(fa.DarlFullyAsyncTrainerImpl)
+    trainer.global_steps, trainer.current_param_version = 4, 3
+    trainer.rollouter = Rollouter(8, 8, [])
+    asyncio.run(trainer._check_rollouter_finished())  # fed everything: a finished run
+    trainer.rollouter = Rollouter(3, 8, [Handle("d" * 32, "dead")])
+    with pytest.raises(fr.RolloutServerError) as e:
+        asyncio.run(trainer._check_rollouter_finished())
+    assert str(e.value).startswith("the rollouter stopped after feeding 3 of 8 prompts (trainer step 4, parameter version 3)")
+    assert "hf://r/hf_server_0_0 (actor dddddddddddd): DEAD (ActorDiedError)" in str(e.value)

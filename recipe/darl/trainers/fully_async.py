@@ -43,6 +43,7 @@ from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncT
 from ..glue.fault_files import check_resume, guarded_verl_save, read_checked, write_checked
 from ..glue.fault_inject import fault_point
 from ..glue.fault_reward import RewardGuardMixin
+from ..glue.fault_rollout import RolloutServerError, server_states
 from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import ReplayStepMixin
 
@@ -156,13 +157,37 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ReplayStepM
 
     async def fit(self):
         try:
-            return await super().fit()
+            result = await super().fit()
         except StopRequested:
             # verl's fit ends when the rollouter's finish signal reaches it through the queue; here the trainer
             # ends first, and the rollouter would wait for it (paused at its staleness limit) forever
             if getattr(self, "progress_bar", None) is not None:
                 self.progress_bar.close()
             await self.rollouter.__ray_call__.remote(_end_generation)
+            return None
+        await self._check_rollouter_finished()
+        return result
+
+    async def _check_rollouter_finished(self) -> None:
+        """verl's rollouter sends its finish signal also when its generation failed (a dead rollout server: the
+        exception is printed and swallowed), and the trainer then ends as if the run were complete, exit code 0.
+        A finish before the rollouter fed all its prompts is that failure: raise, naming the servers' states
+        (docs/faults.md). verl's final checkpoint has been saved by then."""
+        state = await self.rollouter.__ray_call__.remote(_rollouter_state)
+        if state["fed"] >= state["total"]:
+            return
+        states = await server_states(state["handles"], state["addresses"])
+        raise RolloutServerError(
+            f"the rollouter stopped after feeding {state['fed']} of {state['total']} prompts (trainer step "
+            f"{self.global_steps}, parameter version {self.current_param_version}): its generation failed (see "
+            "'[FullyAsyncRollouter] Streaming process exception' above); rollout servers:\n  " + "\n  ".join(states)
+            + "\nA checkpoint of this version was saved: resume with trainer.resume_mode=auto")
+
+
+def _rollouter_state(rollouter) -> dict:
+    return {"fed": int(rollouter.global_steps), "total": int(rollouter.total_rollout_steps),
+            "handles": list(getattr(rollouter, "server_handles", [])),
+            "addresses": list(getattr(rollouter, "server_addresses", []))}
 
 
 def _count_as_generated(rollouter, n: int) -> None:
