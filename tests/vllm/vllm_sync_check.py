@@ -1,0 +1,258 @@
+"""verl's vLLM rollout (`rollout.name=vllm`) through verl's own machinery on CPU, with weight sync from a real
+FSDP2 trainer. Run by test_vllm_rollout.py in a fresh process (VERL_PLATFORM=cpu); one vLLM engine serves every
+check. Steps, as verl's one-step-off trainer does them:
+
+1. `LLMServerManager.create(config)` in standalone mode: verl looks "vllm" up in its replica registry (the CPU
+   replica, recipe.darl.cpu.vllm_rollout), makes a rollout resource pool with one `CheckpointEngineWorker` (verl's
+   vLLM `ServerAdapter`, the "ray_object_store" checkpoint engine), then starts verl's `vLLMHttpServer` on
+   ``load_format=dummy`` (random weights);
+2. the trainer: verl's `DetachActorWorker` (FSDP2 on CPU over gloo, fp32); `CheckpointEngineManager.update_weights`;
+3. generation through verl's `LLMServerClient`: greedy and sampled, each token's log-prob compared with a
+   teacher-forced forward of the trainer's module (transformers) on the same weights;
+4. the trainer's weights are changed in place, synced as version 2, compared again (vLLM re-packs its CPU
+   weights after each load: the keep-weights plugin), then a third sync;
+5. the replica's control calls, and abort of a running request (what fully-async partial rollouts use).
+
+Prints one JSON line with what the tests assert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+T0 = time.time()
+TIMES = {}
+
+
+def mark(name):
+    TIMES[name] = round(time.time() - T0, 2)
+
+
+def make_config(model_path: str):
+    from hydra import compose, initialize_config_module
+
+    from recipe.darl.cpu.vllm_rollout import cpu_vllm_overrides
+
+    overrides = [
+        f"actor_rollout_ref.model.path={model_path}",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.strategy=fsdp2",
+        "actor_rollout_ref.actor.use_torch_compile=false",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        *cpu_vllm_overrides(),
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.load_format=dummy",
+        "actor_rollout_ref.rollout.prompt_length=16",
+        "actor_rollout_ref.rollout.response_length=8",
+        "actor_rollout_ref.rollout.max_model_len=4096",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store",
+        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.cpu.rollout",
+        "actor_rollout_ref.hybrid_engine=False",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+    ]
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def _perturb(worker):
+    """Inside the trainer worker: change every parameter in place (FSDP2 shards; world size 1)."""
+    import torch
+
+    with torch.no_grad():
+        for i, p in enumerate(worker.actor.engine.module.parameters()):
+            local = p.to_local() if hasattr(p, "to_local") else p
+            local.mul_(1.0 + 0.05 * ((i % 3) - 1)).add_(0.02)
+    return True
+
+
+def _trainer_log_probs(worker, prompt, response, temperature):
+    """Inside the trainer worker: teacher-forced log_softmax(logits / T) of `response` with the FSDP2 module."""
+    import torch
+
+    module = worker.actor.engine.module
+    with torch.no_grad():
+        ids = torch.tensor([list(prompt) + list(response)])
+        logits = module(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
+        log_probs = torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, -1)
+        return log_probs.gather(1, torch.tensor(response)[:, None]).squeeze(1).tolist()
+
+
+def _worker_facts(worker):
+    import sys as _sys
+
+    adapter = worker.server_adapter
+    return {
+        "adapter": type(adapter).__module__ + "." + type(adapter).__name__,
+        "engine": type(worker.checkpoint_engine).__name__,
+        "plugin_loaded": "recipe.darl.cpu.rollout" in _sys.modules,
+        "use_shm": bool(getattr(adapter, "use_shm", False)),
+    }
+
+
+def _server_facts(server):
+    """Inside verl's vLLMHttpServer actor: what vLLM selected."""
+    import importlib.metadata as md
+    import os as _os
+
+    import vllm
+    from vllm.platforms import current_platform
+
+    return {"platform": current_platform.device_type, "vllm_version": vllm.__version__,
+            "vllm_dist": md.version("vllm"), "kvcache_gib": _os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+            "verl_platform": _os.environ.get("VERL_PLATFORM"), "class": type(server).__name__}
+
+
+def _rss_mb() -> dict:
+    import psutil
+
+    procs = [p for p in psutil.process_iter(["cmdline", "memory_info"])
+             if any("VLLM" in part or "vllm" in part.lower() for part in (p.info["cmdline"] or [])[:3])]
+    return {"vllm_processes": len(procs), "rss_mb": round(sum(p.info["memory_info"].rss for p in procs) / 2**20)}
+
+
+def main(model_path: str) -> None:
+    import ray
+    import torch
+
+    torch.set_num_threads(1)
+    config = make_config(model_path)
+    mark("config")
+    ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=True,
+             runtime_env={"env_vars": {k: os.environ[k] for k in ("VERL_PLATFORM", "OMP_NUM_THREADS",
+                                                                   "TOKENIZERS_PARALLELISM") if k in os.environ}})
+    mark("ray_init")
+
+    from verl.checkpoint_engine import CheckpointEngineManager
+    from verl.experimental.separation.engine_workers import DetachActorWorker
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    out = {}
+    pool = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=1, name_prefix="trainer_pool")
+    actor_wg = RayWorkerGroup(
+        resource_pool=pool,
+        ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(DetachActorWorker), config=config.actor_rollout_ref,
+                                               role="actor"),
+        device_name="cpu",
+    )
+    trainer = actor_wg.workers[0]
+    mark("trainer_spawned")
+
+    # 1. rollout server, exactly as the one-step-off trainer builds it
+    t = time.time()
+    manager = LLMServerManager.create(config=config)
+    out["engine_start_s"] = round(time.time() - t, 1)
+    replicas = manager.get_replicas()
+    out["replica_class"] = type(replicas[0]).__name__
+    out["server_addresses"] = manager.get_addresses()
+    out["worker_facts"] = ray.get(replicas[0].workers[0].__ray_call__.remote(_worker_facts))
+    server = replicas[0].servers[0]
+    out["server_facts"] = ray.get(server.__ray_call__.remote(_server_facts))
+    out["memory"] = _rss_mb()
+    mark("rollout_up")
+
+    # 2. the trainer's model and its checkpoint engine
+    actor_wg.init_model()
+    mark("trainer_up")
+    ce_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
+    ckpt = CheckpointEngineManager(config=ce_config, actor_wg=actor_wg, replicas=replicas)
+    client = manager.get_client()
+    prompt = [5, 17, 40, 9, 61, 22]
+
+    async def generate(request_id, **params):
+        return await client.generate(request_id, prompt_ids=prompt, sampling_params=params)
+
+    def max_err(output, temperature):
+        ref = ray.get(trainer.__ray_call__.remote(_trainer_log_probs, prompt, output.token_ids, temperature))
+        return max(abs(a - b) for a, b in zip(output.log_probs, ref))
+
+    before = asyncio.run(generate("before", temperature=1.0, logprobs=True))
+    out["before"] = {"version": before.extra_fields.get("global_steps"), "n_log_probs": len(before.log_probs or []),
+                     "n": len(before.token_ids), "err_vs_trainer": max_err(before, 1.0)}
+
+    results = {}
+    for version in (1, 2, 3):
+        if version > 1:
+            ray.get(trainer.__ray_call__.remote(_perturb))
+        t = time.time()
+        metrics = ckpt.update_weights(global_steps=version)
+        sync_s = time.time() - t
+
+        async def batch():
+            return await asyncio.gather(
+                generate(f"g{version}", temperature=0.0, logprobs=True),
+                *[generate(f"s{version}_{i}", temperature=0.7, logprobs=True) for i in range(3)],
+                *[generate(f"t{version}_{i}", temperature=1.0, logprobs=True) for i in range(2)])
+
+        t = time.time()
+        outs = asyncio.run(batch())
+        gen_s = time.time() - t
+        greedy, sampled, plain = outs[0], outs[1:4], outs[4:]
+        results[version] = {
+            "sync_seconds": round(sync_s, 3),
+            "generate_seconds": round(gen_s, 3),
+            "metrics": metrics,
+            "versions": [o.extra_fields.get("global_steps") for o in outs],
+            "min_max": [(o.extra_fields.get("min_global_steps"), o.extra_fields.get("max_global_steps"))
+                        for o in outs],
+            # temperature 0: vLLM reports log-probs of the unscaled distribution
+            "greedy_err": max_err(greedy, 1.0),
+            "sampled_err": max(max_err(o, 0.7) for o in sampled),
+            "plain_err": max(max_err(o, 1.0) for o in plain),
+            "greedy_tokens": greedy.token_ids,
+            "lengths": [len(o.token_ids) for o in outs],
+            "n_log_probs": [len(o.log_probs or []) for o in outs],
+            "distinct_sampled": len({tuple(o.token_ids) for o in sampled + plain}),
+        }
+    out["syncs"] = results
+    mark("synced")
+
+    # 5. control calls (verl's RolloutReplica forwards them to the server) and abort of a running request
+    replica = replicas[0]
+
+    async def controls():
+        await replica.clear_kv_cache()
+        long = asyncio.create_task(client.generate("long", prompt_ids=prompt, sampling_params={
+            "max_tokens": 4000, "ignore_eos": True, "logprobs": True, "temperature": 1.0}))
+        await asyncio.sleep(1.5)
+        await replica.abort_all_requests()
+        aborted = await long
+        await replica.resume_generation()
+        after = await generate("after", temperature=0.0)
+        return aborted, after
+
+    aborted, after = asyncio.run(controls())
+    out["aborted"] = {"stop_reason": aborted.stop_reason, "n": len(aborted.token_ids),
+                      "n_log_probs": len(aborted.log_probs or []), "version": aborted.extra_fields.get("global_steps")}
+    out["after_abort"] = {"stop_reason": after.stop_reason, "n": len(after.token_ids)}
+    mark("controls")
+    out["times"] = TIMES
+    print(json.dumps(out))
+    sys.stdout.flush()
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
