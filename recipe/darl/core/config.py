@@ -14,7 +14,9 @@ Order = Literal["chi2", "newest", "least_reused", "variance"]
 
 # What `pmis: true` resolves the keys left null to: the second design (docs/algorithm.md). False turns a
 # numeric control off; `pmis: false` resolves them to the uniform-replay ablation (newest first, no controls).
-PRESET = {"order": "least_reused", "ratio": 0.5, "m2_budget": 0.04, "behavior_clip": 0.2, "behavior_clip_high": 0.2,
+# behavior_clip_high false: the trust region bounds A < 0 only (docs/evidence.md: a bound on A > 0 cost 24 points in
+# the scarce regime and put the preset below decoupled PPO there)
+PRESET = {"order": "least_reused", "ratio": 0.5, "m2_budget": 0.04, "behavior_clip": 0.2, "behavior_clip_high": False,
           "max_reuse": 2}
 UNIFORM = {"order": "newest", "ratio": False, "m2_budget": False, "behavior_clip": False, "behavior_clip_high": False,
            "max_reuse": False}
