@@ -168,3 +168,20 @@ def test_full_matrix_a_hung_server_stops_the_run_after_the_timeout(full):
     assert "no batch after 20 s (faults.generation_timeout_s)" in run.text
     assert re.search(r"hf_server_0_0 \(actor [0-9a-f]+\): NOT ANSWERING", run.text)
     assert 10.0 <= _detect_seconds(run) < 45.0  # the 20 s count from the wait's start; then 10 s of pings
+
+
+def test_full_matrix_fully_async_a_dead_rollout_server_is_an_error(tmp_path_factory):
+    """Fully-async: the server dies mid-generation; whichever notices first (the rollouter's generation, which verl
+    swallows and the trainer raises after the finish signal, or the trainer's next weight sync) ends the run with
+    a RolloutServerError naming the server."""
+    if not FULL:
+        pytest.skip("set DARL_FAULT_FULL=1 for the whole fault matrix")
+    from kill_helpers import FULLY_ASYNC
+
+    root = tmp_path_factory.mktemp("faults_fa")
+    run = launch(FULLY_ASYNC, root, build_inputs(root), "fa_server", "rollout_server:1",
+                 {"STEPS": "4", "REQUIRE_BATCHES": "1", "STALENESS_THRESHOLD": "2"}, timeout=900)
+    _summary(root, {"fa_server": run})
+    assert run.marker and run.rc not in (0, -9), run.rc
+    assert "RolloutServerError: " in run.text
+    assert re.search(r"hf://\S+/hf_server_0_0 \(actor [0-9a-f]+\): DEAD", run.text)

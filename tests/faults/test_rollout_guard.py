@@ -99,27 +99,59 @@ def test_the_config_check_refuses_a_bad_timeout(compose_config):
                for p in check_config(compose_config("faults.generation_timeout_s=-5")))
 
 
-def test_fully_async_a_rollouter_that_stopped_early_is_an_error_not_a_finished_run():
-    """verl's rollouter sends its finish signal also after its generation failed; the D-ARL trainer then checks
-    whether it fed all its prompts."""
+def test_fully_async_a_failed_rollouter_generation_is_an_error_not_a_finished_run():
+    """verl's rollouter prints and swallows the exception that ends its generation, then sends its finish signal;
+    `_watch_generation` records it and the D-ARL trainer raises it once verl's fit has returned."""
     from recipe.darl.trainers import fully_async as fa
 
     class Rollouter:
-        def __init__(self, fed, total, handles):
-            self.global_steps, self.total_rollout_steps = fed, total
-            self.server_handles, self.server_addresses = handles, [f"hf://r/hf_server_{i}_0" for i in range(len(handles))]
+        def __init__(self, fail):
+            self.global_steps, self.total_rollout_steps = 8, 8
+            self.fail = fail
 
             async def call(fn, *args):
                 return fn(self, *args)
 
             self.__ray_call__ = SimpleNamespace(remote=call)
 
+        async def _streaming_generation_main(self):
+            if self.fail:
+                raise ray.exceptions.ActorDiedError()
+
+        async def fit(self):  # verl's fit: gathers the generation with return_exceptions=True
+            await asyncio.gather(self._streaming_generation_main(), return_exceptions=True)
+
+    for fail in (False, True):
+        trainer = fa.DarlFullyAsyncTrainerImpl.__new__(fa.DarlFullyAsyncTrainerImpl)
+        trainer.global_steps, trainer.current_param_version = 4, 3
+        trainer.rollouter = Rollouter(fail)
+        trainer.checkpoint_manager = SimpleNamespace(replicas=[SimpleNamespace(_server_handle=Handle("d" * 32, "dead"),
+                                                                               _server_address="hf://r/hf_server_0_0")])
+        asyncio.run(trainer.rollouter.__ray_call__.remote(fa._watch_generation))
+        asyncio.run(trainer.rollouter.fit())
+        if not fail:
+            asyncio.run(trainer._check_rollouter_finished())  # a finished run
+            continue
+        with pytest.raises(fr.RolloutServerError) as e:
+            asyncio.run(trainer._check_rollouter_finished())
+        assert str(e.value).startswith("the rollouter's generation failed (ActorDiedError: The actor died unexpectedly")
+        assert "the trainer stopped at step 4, parameter version 3" in str(e.value)
+        assert "hf://r/hf_server_0_0 (actor dddddddddddd): DEAD (ActorDiedError)" in str(e.value)
+
+
+def test_fully_async_a_dead_server_at_the_weight_sync_is_an_error_naming_it(monkeypatch):
+    from recipe.darl.trainers import fully_async as fa
+
+    async def sync(self):
+        raise ray.exceptions.ActorDiedError()
+
+    monkeypatch.setattr(fa.FullyAsyncTrainerBase, "_fit_update_weights", sync)
     trainer = fa.DarlFullyAsyncTrainerImpl.__new__(fa.DarlFullyAsyncTrainerImpl)
-    trainer.global_steps, trainer.current_param_version = 4, 3
-    trainer.rollouter = Rollouter(8, 8, [])
-    asyncio.run(trainer._check_rollouter_finished())  # fed everything: a finished run
-    trainer.rollouter = Rollouter(3, 8, [Handle("d" * 32, "dead")])
+    trainer.global_steps, trainer.current_param_version, trainer._requeued, trainer._watching = 5, 4, 0, True
+    trainer.checkpoint_manager = SimpleNamespace(replicas=[SimpleNamespace(_server_handle=Handle("e" * 32, "dead"),
+                                                                           _server_address="hf://r/hf_server_0_0")])
     with pytest.raises(fr.RolloutServerError) as e:
-        asyncio.run(trainer._check_rollouter_finished())
-    assert str(e.value).startswith("the rollouter stopped after feeding 3 of 8 prompts (trainer step 4, parameter version 3)")
-    assert "hf://r/hf_server_0_0 (actor dddddddddddd): DEAD (ActorDiedError)" in str(e.value)
+        asyncio.run(trainer._fit_update_weights())
+    assert str(e.value).startswith("syncing weights to the rollout at trainer step 5 (parameter version 4): a rollout "
+                                   "server died (ActorDiedError)")
+    assert "hf://r/hf_server_0_0 (actor eeeeeeeeeeee): DEAD" in str(e.value)

@@ -112,13 +112,23 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ReplayStepM
         return len(samples)
 
     async def _fit_update_weights(self):
+        if not getattr(self, "_watching", False):  # the first call: before the rollouter starts
+            await self.rollouter.__ray_call__.remote(_watch_generation)
+            self._watching = True
         if self._requeued:
             # verl's rollouter resumes its sample count at the trained samples; the requeued ones were generated
             # too, else it would generate as many again and the run would end with more samples than configured.
             # The task runner calls this once after both load_checkpoints and before the rollouter starts.
             n, self._requeued = self._requeued, 0
             await self.rollouter.__ray_call__.remote(_count_as_generated, n)
-        return await super()._fit_update_weights()
+        try:
+            return await super()._fit_update_weights()
+        except ray.exceptions.RayActorError as e:  # a rollout server died: the sync's abort call finds it first
+            states = await server_states(*self._rollout_servers())
+            raise RolloutServerError(
+                f"syncing weights to the rollout at trainer step {self.global_steps} (parameter version "
+                f"{self.current_param_version}): a rollout server died ({type(e).__name__}); rollout servers:\n  "
+                + "\n  ".join(states) + "\nThe last checkpoint is intact: resume with trainer.resume_mode=auto") from e
 
     async def load_checkpoint(self):
         if self.config.trainer.resume_mode == "auto":
@@ -168,26 +178,49 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ReplayStepM
         await self._check_rollouter_finished()
         return result
 
+    def _rollout_servers(self) -> tuple[list, list]:
+        """(actor handles, addresses) of the rollout servers: the replicas the trainer syncs weights to."""
+        replicas = list(getattr(getattr(self, "checkpoint_manager", None), "replicas", None) or [])
+        return ([r._server_handle for r in replicas if getattr(r, "_server_handle", None) is not None],
+                [str(getattr(r, "_server_address", "?")) for r in replicas if getattr(r, "_server_handle", None) is not None])
+
     async def _check_rollouter_finished(self) -> None:
-        """verl's rollouter sends its finish signal also when its generation failed (a dead rollout server: the
-        exception is printed and swallowed), and the trainer then ends as if the run were complete, exit code 0.
-        A finish before the rollouter fed all its prompts is that failure: raise, naming the servers' states
-        (docs/faults.md). verl's final checkpoint has been saved by then."""
+        """verl's rollouter sends its finish signal also when its generation failed (a dead rollout server: it prints
+        `Streaming process exception` and swallows the exception), and the trainer then saved a checkpoint and ended
+        as if the run were complete, exit code 0. `_watch_generation` recorded the failure in the rollouter: raise
+        it here, naming the servers' states (docs/faults.md). verl's final checkpoint has been saved by then."""
         state = await self.rollouter.__ray_call__.remote(_rollouter_state)
-        if state["fed"] >= state["total"]:
+        if not state["error"]:
             return
-        states = await server_states(state["handles"], state["addresses"])
+        states = await server_states(*self._rollout_servers())
         raise RolloutServerError(
-            f"the rollouter stopped after feeding {state['fed']} of {state['total']} prompts (trainer step "
-            f"{self.global_steps}, parameter version {self.current_param_version}): its generation failed (see "
-            "'[FullyAsyncRollouter] Streaming process exception' above); rollout servers:\n  " + "\n  ".join(states)
+            f"the rollouter's generation failed ({state['error'][:300]}) after feeding {state['fed']} of {state['total']} "
+            f"prompts; the trainer stopped at step {self.global_steps}, parameter version {self.current_param_version}. "
+            "Rollout servers:\n  " + "\n  ".join(states)
             + "\nA checkpoint of this version was saved: resume with trainer.resume_mode=auto")
 
 
+def _watch_generation(rollouter) -> None:
+    """Records an exception that ends the rollouter's generation (verl prints and swallows it) in the rollouter, for
+    `_check_rollouter_finished`. Installed before the rollouter's fit starts."""
+    original = getattr(rollouter, "_streaming_generation_main", None)
+    if original is None or getattr(rollouter, "_darl_watched", False):
+        return
+
+    async def watched():
+        try:
+            return await original()
+        except Exception as e:  # not CancelledError: a stop request cancels the generation on purpose
+            rollouter._darl_generation_error = f"{type(e).__name__}: {e}"
+            raise
+
+    rollouter._streaming_generation_main = watched
+    rollouter._darl_watched = True
+
+
 def _rollouter_state(rollouter) -> dict:
-    return {"fed": int(rollouter.global_steps), "total": int(rollouter.total_rollout_steps),
-            "handles": list(getattr(rollouter, "server_handles", [])),
-            "addresses": list(getattr(rollouter, "server_addresses", []))}
+    return {"error": getattr(rollouter, "_darl_generation_error", None),
+            "fed": int(rollouter.global_steps), "total": int(rollouter.total_rollout_steps)}
 
 
 def _count_as_generated(rollouter, n: int) -> None:
