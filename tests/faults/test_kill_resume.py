@@ -185,3 +185,31 @@ def test_full_matrix_fully_async_a_dead_rollout_server_is_an_error(tmp_path_fact
     assert run.marker and run.rc not in (0, -9), run.rc
     assert "RolloutServerError: " in run.text
     assert re.search(r"hf://\S+/hf_server_0_0 \(actor [0-9a-f]+\): DEAD", run.text)
+
+
+def test_full_matrix_fully_async_a_kill_inside_a_save_resumes_with_buffer_and_queue(tmp_path_factory):
+    """Fully-async: the job is SIGKILLed inside the save of parameter version 2, between the buffer and queue files
+    and verl's files; the resumed run takes version 1's checkpoint: its buffer, and its saved queue requeued."""
+    if not FULL:
+        pytest.skip("set DARL_FAULT_FULL=1 for the whole fault matrix")
+    from kill_helpers import FULLY_ASYNC
+
+    root = tmp_path_factory.mktemp("faults_fa_kill")
+    inputs = build_inputs(root)
+    env = {"STEPS": "4", "REQUIRE_BATCHES": "1", "STALENESS_THRESHOLD": "2"}
+    killed = launch(FULLY_ASYNC, root, inputs, "fa_kill", "after_buffer:2", env, timeout=900)
+    step1 = root / "out" / "checkpoints" / "global_step_1"
+    saved = _buffer_summary(root, 1)
+    queued = len(read_checked(str(step1 / "darl_queue.pt"))["samples"])
+    end = launch(FULLY_ASYNC, root, inputs, "fa_end", "", env, timeout=900)
+    _summary(root, {"fa_kill": killed, "fa_end": end})
+    assert killed.rc == -9 and killed.marker[0].startswith("after_buffer:2 ")
+    assert killed.tracker == 1 and 2 in killed.folders
+    step2 = root / "out" / "checkpoints" / "global_step_2"
+    assert not (step2 / "actor").exists() or not (step2 / "data.pt").exists()
+    assert end.rc == 0, end.text[-3000:]
+    assert "Load from checkpoint folder: " + str(step1) in end.text
+    restored = end.restored()
+    assert restored and restored["path"] == str(step1 / "darl_replay.pt") and {k: restored[k] for k in saved} == saved
+    assert f"requeued {queued} generated but untrained sample(s) from {step1}/darl_queue.pt" in end.text
+    assert end.tracker == 4 and _buffer_summary(root, 4)["steps_done"] > saved["steps_done"]
