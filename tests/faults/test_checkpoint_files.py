@@ -153,6 +153,9 @@ def test_rotation_keeps_the_newest_folders_at_or_below_the_tracker(tmp_path):
     assert ff.rotate(str(tmp_path), 2, log=lambda s: None) == [1, 2]
     assert sorted(ff.step_folders(str(tmp_path))) == [3, 4, 5]
     assert ff.rotate(str(tmp_path), None) == [] and ff.rotate(str(tmp_path), 0) == []
+    # only among the steps this process saved: an earlier job's checkpoints stay, as with verl's own rotation
+    assert ff.rotate(str(tmp_path), 1, log=lambda s: None, only=[4]) == []
+    assert ff.rotate(str(tmp_path), 1, log=lambda s: None, only=[3, 4]) == [3]
 
 
 def test_verify_cli_names_the_torn_file(tmp_path):

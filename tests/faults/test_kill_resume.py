@@ -105,7 +105,9 @@ def test_the_resumed_run_ends_with_the_uninterrupted_step_count(fast):
     assert run.rc == 0, run.text[-3000:]
     _assert_resumed(run, root, 2, fast["saved_2"])
     assert run.trained() == [3, 4, 5]
-    assert run.tracker == STEPS and run.folders == [STEPS]  # rotation after the tracker: one whole folder kept
+    # rotation after the tracker, among the steps this launch saved (3 to 5: one whole folder kept, as
+    # max_actor_ckpt_to_keep=1 asks); step 2, the earlier launch's checkpoint, stays, as with verl's own rotation
+    assert run.tracker == STEPS and run.folders == [2, STEPS]
     assert _buffer_summary(root, STEPS)["steps_done"] == STEPS
     # every step trained once in the run that counted: 1-2 (first launch), 3-5 (last); the killed launch's step 3
     # was lost with the kill and trained again

@@ -128,7 +128,7 @@ def test_a_torn_buffer_in_the_resumed_checkpoint_is_refused_naming_it(replay_cfg
         resume(cfg)
 
 
-def test_rotation_happens_after_the_tracker_and_removes_whole_folders(replay_cfg, run):
+def test_rotation_happens_after_the_tracker_and_removes_whole_folders(replay_cfg, run, resume):
     cfg = replay_cfg("trainer.resume_mode=auto", "trainer.max_actor_ckpt_to_keep=1")
     trainer, _ = run(cfg)
     root = cfg.trainer.default_local_dir
@@ -136,6 +136,15 @@ def test_rotation_happens_after_the_tracker_and_removes_whole_folders(replay_cfg
     # verl's worker was told to keep everything (it would remove the previous shards before the tracker moves)
     assert trainer.actor_rollout_wg.kept == [None, None, None]
     assert cfg.trainer.max_actor_ckpt_to_keep == 1  # restored after each save
+    # a resumed trainer rotates only what it saved itself: step 3 of the earlier job stays beside its new step 4
+    resumed = resume(cfg)
+    resumed.actor_rollout_wg = resumed.actor_wg = RecordingActor()
+    resumed.global_steps = 4
+    resumed._save_checkpoint()
+    assert sorted(os.listdir(root)) == ["global_step_3", "global_step_4", ff.TRACKER_FILE]
+    resumed.global_steps = 5
+    resumed._save_checkpoint()
+    assert sorted(os.listdir(root)) == ["global_step_3", "global_step_5", ff.TRACKER_FILE]
 
 
 def test_a_torn_fully_async_queue_file_is_refused_naming_it(tmp_path):

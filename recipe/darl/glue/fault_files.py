@@ -182,9 +182,12 @@ def check_resume(root: str, log: Callable[[str], None] = print) -> Optional[int]
     return step
 
 
-def rotate(root: str, keep: Optional[int], log: Callable[[str], None] = print) -> list[int]:
+def rotate(root: str, keep: Optional[int], log: Callable[[str], None] = print,
+           only: Optional[list[int]] = None) -> list[int]:
     """After verl's tracker names the newest checkpoint: removes whole `global_step_<t>` folders older than the
-    `keep` newest at or below it (partial folders above it are left to be overwritten). Returns the steps removed."""
+    `keep` newest at or below it (partial folders above it are left to be overwritten); with `only`, among those
+    steps alone (verl rotates the checkpoints its process saved, not those of earlier jobs). Returns the steps
+    removed."""
     if not keep or keep <= 0:
         return []
     try:
@@ -195,7 +198,7 @@ def rotate(root: str, keep: Optional[int], log: Callable[[str], None] = print) -
         return []
     import shutil
 
-    steps = sorted(t for t in step_folders(root) if t <= latest)
+    steps = sorted(t for t in step_folders(root) if t <= latest and (only is None or t in only))
     removed = steps[:-keep] if len(steps) > keep else []
     for t in removed:
         shutil.rmtree(os.path.join(root, f"global_step_{t}"), ignore_errors=True)
@@ -210,8 +213,8 @@ def guarded_verl_save(trainer, save: Callable[[], Any], step: int) -> Any:
     verl's rotation (`trainer.max_actor_ckpt_to_keep`) runs inside the actor save: with keep 1 the worker removes
     the previous step's actor shards as soon as the new ones are written, before `data.pt` and the tracker, so a
     kill in between leaves the tracker naming a step without weights. Here verl keeps everything, and once the
-    tracker names the new step, `rotate` removes the older folders whole (verl would leave their `data.pt` and
-    buffer files behind). Fault points `verl_save` (after the actor shards) and `after_save` (tracker written)."""
+    tracker names the new step, `rotate` removes the older folders this trainer saved, as verl would, but whole
+    (verl leaves their `data.pt` and buffer files behind). Fault points `verl_save` (after the actor shards) and `after_save` (tracker written)."""
     from omegaconf import open_dict
 
     from .fault_inject import after_call, fault_point
@@ -231,7 +234,11 @@ def guarded_verl_save(trainer, save: Callable[[], Any], step: int) -> Any:
             for k, v in saved.items():
                 cfg[k] = v
     fault_point("after_save", step)
-    rotate(os.path.abspath(cfg.default_local_dir), keep if isinstance(keep, int) and not isinstance(keep, bool) else None)
+    saved_steps = trainer.__dict__.setdefault("_darl_saved_steps", [])
+    if step not in saved_steps:
+        saved_steps.append(step)
+    rotate(os.path.abspath(cfg.default_local_dir), keep if isinstance(keep, int) and not isinstance(keep, bool) else None,
+           only=saved_steps)
     return result
 
 
