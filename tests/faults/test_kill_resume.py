@@ -6,8 +6,9 @@ output folder, each resuming what the previous left:
 
 1. a rollout server dies mid-generation (only its process, SIGKILL): the run stops by itself with an error naming
    the server and the step, within seconds; the checkpoint before it stays the one resume takes;
-2. the job (its whole process group) is SIGKILLed inside a checkpoint save: buffer and actor shards written,
-   verl's data.pt and tracker not: resume takes the previous checkpoint, with that checkpoint's buffer;
+2. the job (its whole process group) is SIGKILLed inside its second checkpoint save: buffer and actor shards
+   written, verl's data.pt and tracker not: resume takes the previous checkpoint, with that checkpoint's buffer,
+   whose actor shards verl's own rotation would have removed by then;
 3. no fault: the run ends at the configured step count, as an uninterrupted run does.
 
 `DARL_FAULT_FULL=1` adds the rest of the matrix (a job kill mid-generation, during the actor update, between the
@@ -67,8 +68,11 @@ def fast(tmp_path_factory):
     timeout = ("faults.generation_timeout_s=120",)
     runs = {"server": launch(ONE_STEP_OFF, root, inputs, "server", "rollout_server:2", env, timeout)}
     runs["saved_2"] = _buffer_summary(root, 2)
-    runs["save"] = launch(ONE_STEP_OFF, root, inputs, "save", "verl_save:3", env, timeout)
-    runs["saved_2b"] = _buffer_summary(root, 2)
+    runs["save"] = launch(ONE_STEP_OFF, root, inputs, "save", "verl_save:4", env, timeout)
+    runs["saved_3"] = _buffer_summary(root, 3)
+    ckpt = root / "out" / "checkpoints"
+    runs["step4_files"] = sorted(p.name for p in (ckpt / "global_step_4").iterdir() if ".tmp." not in p.name)
+    runs["step3_shards"] = sorted(p.name for p in (ckpt / "global_step_3" / "actor").glob("*.pt"))
     runs["end"] = launch(ONE_STEP_OFF, root, inputs, "end", "", env, timeout)
     runs["root"] = root
     _summary(root, {k: runs[k] for k in ("server", "save", "end")})
@@ -87,31 +91,30 @@ def test_a_dead_rollout_server_stops_the_run_naming_it_and_the_step(fast):
 
 
 def test_a_kill_inside_a_save_resumes_from_the_previous_checkpoint(fast):
+    """The second launch resumes from step 2, trains and saves step 3, and is killed inside step 4's save."""
     run, root = fast["save"], fast["root"]
-    assert run.rc == -9 and run.marker[0].startswith("verl_save:3 ")
+    assert run.rc == -9 and run.marker[0].startswith("verl_save:4 ")
     _assert_resumed(run, root, 2, fast["saved_2"])
-    assert run.trained() == []  # step 3 trained, but verl logs a step's metrics after its save, where it died
-    # step 3's folder holds the buffer and the actor shards, but verl never named it: the tracker still says 2
-    assert run.tracker == 2 and run.folders == [2, 3]
-    step3 = root / "out" / "checkpoints" / "global_step_3"
-    assert (step3 / "darl_replay.pt").exists() and (step3 / "actor").exists() and not (step3 / "data.pt").exists()
-    # verl's rotation (max_actor_ckpt_to_keep=1) no longer runs inside the save: step 2's shards survived
-    assert any((root / "out" / "checkpoints" / "global_step_2" / "actor").glob("model_world_size_1_rank_0.pt"))
-    assert fast["saved_2b"] == fast["saved_2"]
+    assert run.trained() == [3]  # step 4 trained too, but verl logs a step's metrics after its save, where it died
+    # step 4's folder holds the buffer and the actor shards, but verl never named it: the tracker still says 3
+    assert run.tracker == 3 and run.folders == [2, 3, 4]
+    assert fast["step4_files"] == ["actor", "darl_replay.pt"]  # no data.pt: verl stopped before it (and the tracker)
+    # step 4 was this process's second save: verl's rotation (max_actor_ckpt_to_keep=1) would have removed step 3's
+    # shards inside it, before the tracker; rotation now runs after the tracker, so they survived
+    assert {"model_world_size_1_rank_0.pt", "optim_world_size_1_rank_0.pt"} <= set(fast["step3_shards"])
 
 
 def test_the_resumed_run_ends_with_the_uninterrupted_step_count(fast):
     run, root = fast["end"], fast["root"]
     assert run.rc == 0, run.text[-3000:]
-    _assert_resumed(run, root, 2, fast["saved_2"])
-    assert run.trained() == [3, 4, 5]
-    # rotation after the tracker, among the steps this launch saved (3 to 5: one whole folder kept, as
-    # max_actor_ckpt_to_keep=1 asks); step 2, the earlier launch's checkpoint, stays, as with verl's own rotation
-    assert run.tracker == STEPS and run.folders == [2, STEPS]
+    _assert_resumed(run, root, 3, fast["saved_3"])
+    assert run.trained() == [4, 5]
+    # rotation after the tracker, among the steps this launch saved (4 and 5: one whole folder kept, as
+    # max_actor_ckpt_to_keep=1 asks); the earlier launches' checkpoints stay, as with verl's own rotation
+    assert run.tracker == STEPS and run.folders == [2, 3, STEPS]
     assert _buffer_summary(root, STEPS)["steps_done"] == STEPS
-    # every step trained once in the run that counted: 1-2 (first launch), 3-5 (last); the killed launch's step 3
-    # was lost with the kill and trained again
-    assert fast["server"].trained() + run.trained() == list(range(1, STEPS + 1))
+    # every step counted once: 1-2 (first launch), 3 (second; its step 4 was lost with the kill), 4-5 (last)
+    assert fast["server"].trained() + fast["save"].trained() + run.trained() == list(range(1, STEPS + 1))
 
 
 def test_no_process_of_a_finished_launch_outlives_it_by_long(fast):
