@@ -1,5 +1,6 @@
 # make test: builds .venv (CPU stack, pinned), installs the project, runs the whole suite.
-# make demo: D-ARL end to end on CPU on the built-in example (Ray, FSDP2 trainer, hf rollout, replay K=4).
+# make demo: D-ARL end to end on CPU on the built-in example (Ray, FSDP2 trainer, verl's vLLM rollout, replay K=4);
+#   ROLLOUT=hf make demo: the project's transformers rollout instead (lighter: docs/cpu.md, "hf or vLLM").
 # make bench: the core's speed and memory benchmark (docs/performance.md).
 # make evidence: the studies of docs/evidence.md into runs/study (scarce regime about 70 min, then the two
 #   older regimes about 80 min, with 2 jobs; SCARCE_ONLY=1 stops after the scarce one).
@@ -42,7 +43,7 @@ evidence: $(STAMP)
 	PYTHON=$(abspath $(PY)) bash benchmarks/staleness/study.sh runs/study
 
 demo: $(STAMP)
-	$(PY) -m recipe.darl.demo
+	ROLLOUT=$${ROLLOUT:-vllm} $(PY) -m recipe.darl.demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -8,9 +8,10 @@ For each backend, one after the other:
    actor; vllm: verl's server actor, vLLM's engine core and its worker);
 2. from verl's metrics: median step time, median generation time of a step's batch (`generate_async`: 16 prompts
    x 8 responses, in the background of the previous step's training), generation throughput (response tokens
-   per second of `generate_async`), median weight-sync time; engine start: from the script's start to the first
-   weight sync (Ray, trainer and rollout start, the example's model loaded), a difference between the two
-   backends that is the engine's.
+   per second of `generate_async`), median weight-sync time; from the script's start to the rollout servers up
+   (verl's task runner prints their addresses: Ray, the trainer worker's process and the rollout engine started,
+   the engine's model loaded; the difference between the two backends is the engine's) and to the first step
+   logged (plus the trainer's model, the first weight sync and the step-0 validation).
 
 Prints a markdown table (docs/cpu.md, "hf or vLLM") and writes it with the raw numbers to <out>/compare.json.
 """
@@ -75,13 +76,15 @@ def run_backend(backend: str, steps: int, out: Path) -> dict:
     sampler = PeakRss(ROLLOUT_PROCESS[backend])
     sampler.start()
     start = time.time()
-    first_sync = None
+    marks = {}
+    markers = {"servers_up_s": "LLMServerManager: [", "first_step_s": "step:1 - "}
     lines = []
     proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         lines.append(line)
-        if first_sync is None and "update_weights done" in line:
-            first_sync = time.time() - start
+        for key, marker in markers.items():
+            if key not in marks and marker in line:
+                marks[key] = round(time.time() - start, 1)
     code = proc.wait()
     total = time.time() - start
     sampler.stop.set()
@@ -101,19 +104,20 @@ def run_backend(backend: str, steps: int, out: Path) -> dict:
     val = [(s, m["val-core/darl/arithmetic/acc/mean@1"]) for s, m in sorted(log.items())
            if "val-core/darl/arithmetic/acc/mean@1" in m]
     return {"backend": backend, "steps": len(trained), "total_s": round(total, 1),
-            "engine_start_s": round(first_sync, 1) if first_sync else None,
+            **marks,
             "step_s": med("timing_s/step"), "generate_s": med("timing_s/generate_async"),
             "sync_s": med("timing_s/update_weights"), "gen_tokens_per_s": statistics.median(tokens) if tokens else None,
             "rollout_peak_rss_gib": round(sampler.peak / 2**30, 2), "val": val}
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| rollout | start to first sync s | median step s | median generation s (16 x 8) | generation tok/s | "
-            "median sync s | rollout peak RSS GiB | total s (steps) | val acc (step) |")
-    lines = [head, "|" + "---|" * 9]
+    head = ("| rollout | start to servers up s | to step 1 s | median step s | median generation s (16 x 8) | "
+            "generation tok/s | median sync s | rollout peak RSS GiB | total s (steps) | val acc (step) |")
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         val = ", ".join(f"{a:.3f} ({s})" for s, a in r["val"])
-        lines.append(f"| {r['backend']} | {r['engine_start_s']} | {r['step_s']:.2f} | {r['generate_s']:.2f} | "
+        lines.append(f"| {r['backend']} | {r.get('servers_up_s')} | {r.get('first_step_s')} | {r['step_s']:.2f} | "
+                     f"{r['generate_s']:.2f} | "
                      f"{r['gen_tokens_per_s']:.0f} | {r['sync_s']:.2f} | {r['rollout_peak_rss_gib']} | "
                      f"{r['total_s']:.0f} ({r['steps']}) | {val} |")
     return "\n".join(lines)
