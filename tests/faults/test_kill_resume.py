@@ -218,3 +218,20 @@ def test_full_matrix_fully_async_a_kill_inside_a_save_resumes_with_buffer_and_qu
     assert restored and restored["path"] == str(step1 / "darl_replay.pt") and {k: restored[k] for k in saved} == saved
     assert f"requeued {queued} generated but untrained sample(s) from {step1}/darl_queue.pt" in end.text
     assert end.tracker == 4 and _buffer_summary(root, 4)["steps_done"] > saved["steps_done"]
+
+
+def test_full_matrix_fully_async_a_hung_rollout_server_is_an_error(tmp_path_factory):
+    """Fully-async: the server is frozen (SIGSTOP) mid-generation; the trainer's wait for samples, or its next
+    weight sync, gives up after faults.generation_timeout_s and names the server as not answering."""
+    if not FULL:
+        pytest.skip("set DARL_FAULT_FULL=1 for the whole fault matrix")
+    from kill_helpers import FULLY_ASYNC
+
+    root = tmp_path_factory.mktemp("faults_fa_hang")
+    run = launch(FULLY_ASYNC, root, build_inputs(root), "fa_hang", "rollout_stop:1",
+                 {"STEPS": "4", "REQUIRE_BATCHES": "1", "STALENESS_THRESHOLD": "2"}, ("faults.generation_timeout_s=20",),
+                 timeout=900)
+    _summary(root, {"fa_hang": run})
+    assert run.marker and run.rc not in (0, -9), run.rc
+    assert "(faults.generation_timeout_s); rollout servers:" in run.text
+    assert re.search(r"hf_server_0_0 \(actor [0-9a-f]+\): NOT ANSWERING", run.text)

@@ -148,6 +148,7 @@ def test_fully_async_a_dead_server_at_the_weight_sync_is_an_error_naming_it(monk
     monkeypatch.setattr(fa.FullyAsyncTrainerBase, "_fit_update_weights", sync)
     trainer = fa.DarlFullyAsyncTrainerImpl.__new__(fa.DarlFullyAsyncTrainerImpl)
     trainer.global_steps, trainer.current_param_version, trainer._requeued, trainer._watching = 5, 4, 0, True
+    trainer.config = OmegaConf.create({"faults": {"generation_timeout_s": 60}})
     trainer.checkpoint_manager = SimpleNamespace(replicas=[SimpleNamespace(_server_handle=Handle("e" * 32, "dead"),
                                                                            _server_address="hf://r/hf_server_0_0")])
     with pytest.raises(fr.RolloutServerError) as e:
@@ -155,3 +156,22 @@ def test_fully_async_a_dead_server_at_the_weight_sync_is_an_error_naming_it(monk
     assert str(e.value).startswith("syncing weights to the rollout at trainer step 5 (parameter version 4): a rollout "
                                    "server died (ActorDiedError)")
     assert "hf://r/hf_server_0_0 (actor eeeeeeeeeeee): DEAD" in str(e.value)
+
+
+def test_fully_async_no_sample_within_the_timeout_is_an_error_naming_the_hung_server(monkeypatch):
+    from recipe.darl.trainers import fully_async as fa
+
+    async def wait_forever(self):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(fa.FullyAsyncTrainerBase, "_get_samples_from_queue", wait_forever)
+    monkeypatch.setattr(fr, "PING_TIMEOUT_S", 0.2)
+    trainer = fa.DarlFullyAsyncTrainerImpl.__new__(fa.DarlFullyAsyncTrainerImpl)
+    trainer.global_steps, trainer.current_param_version = 6, 5
+    trainer.config = OmegaConf.create({"faults": {"generation_timeout_s": 0.3}})
+    trainer.checkpoint_manager = SimpleNamespace(replicas=[SimpleNamespace(_server_handle=Handle("f" * 32, "hung"),
+                                                                           _server_address="hf://r/hf_server_0_0")])
+    with pytest.raises(fr.RolloutServerError) as e:
+        asyncio.run(trainer._get_samples_from_queue())
+    assert str(e.value).startswith("collecting the samples of trainer step 6 (parameter version 5): no batch after 0.3 s")
+    assert "hf://r/hf_server_0_0 (actor ffffffffffff): NOT ANSWERING within 0.2 s" in str(e.value)

@@ -33,8 +33,10 @@ that verl's task runner, waiting for both, returns.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+import time
 
 import ray
 from ray import cloudpickle
@@ -43,7 +45,7 @@ from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncT
 from ..glue.fault_files import check_resume, guarded_verl_save, read_checked, write_checked
 from ..glue.fault_inject import fault_point
 from ..glue.fault_reward import RewardGuardMixin
-from ..glue.fault_rollout import RolloutServerError, server_states
+from ..glue.fault_rollout import RolloutServerError, generation_timeout, guard_generation, server_states
 from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import ReplayStepMixin
 
@@ -121,9 +123,19 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ReplayStepM
             # The task runner calls this once after both load_checkpoints and before the rollouter starts.
             n, self._requeued = self._requeued, 0
             await self.rollouter.__ray_call__.remote(_count_as_generated, n)
+        timeout = generation_timeout(self.config)
         try:
-            return await super()._fit_update_weights()
+            sync = super()._fit_update_weights()
+            return await (asyncio.wait_for(sync, timeout) if timeout else sync)
+        except asyncio.TimeoutError:  # a hung server never answers the sync's abort call
+            print(f"[D-ARL] rollout failure detected at {time.time():.3f}: the weight sync timed out", flush=True)
+            states = await server_states(*self._rollout_servers())
+            raise RolloutServerError(
+                f"syncing weights to the rollout at trainer step {self.global_steps} (parameter version "
+                f"{self.current_param_version}): no answer after {timeout:g} s (faults.generation_timeout_s); rollout "
+                "servers:\n  " + "\n  ".join(states)) from None
         except ray.exceptions.RayActorError as e:  # a rollout server died: the sync's abort call finds it first
+            print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died during the weight sync", flush=True)
             states = await server_states(*self._rollout_servers())
             raise RolloutServerError(
                 f"syncing weights to the rollout at trainer step {self.global_steps} (parameter version "
@@ -143,6 +155,16 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ReplayStepM
             await self.requeue(folder)
         self._clear_stale_stop_request()
         return version
+
+    async def _get_samples_from_queue(self):
+        # no sample for faults.generation_timeout_s (a hung rollout server; the rollouter's own failures are raised by
+        # _check_rollouter_finished and the weight sync): an error naming the servers' states and the step
+        handles, addresses = self._rollout_servers()
+        return await guard_generation(
+            super()._get_samples_from_queue(),
+            what=f"collecting the samples of trainer step {self.global_steps} (parameter version "
+                 f"{self.current_param_version})",
+            timeout_s=generation_timeout(self.config), handles=handles, addresses=addresses)
 
     def _fit_update_actor(self, batch):
         fault_point("update", self.global_steps)  # trainer step; the rollouter keeps generating meanwhile
