@@ -59,10 +59,6 @@ METHODS: dict[str, dict[str, Any]] = {
                      "m2_budget": False, "success": 1},
     "m2_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False,
                    "success": 1},
-    # the trust region bounded on the A < 0 side only (DAPO's clip-higher taken to its limit): it keeps the stress
-    # regime's brake on pushing stale tokens down and lets the tokens being learned rise (docs/evidence.md)
-    "gates_lowclip": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip_high": False},
-    "darl_lowclip": {"method": "darl", "behavior_clip_high": False},
     # the second design as it shipped before (the trust region bounded on both sides), for the studies that ran it
     "darl_v2": {"method": "darl", "behavior_clip_high": 0.2},
     "gates_v2": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip_high": 0.2},
@@ -72,10 +68,6 @@ METHODS: dict[str, dict[str, Any]] = {
     "bclip_v2_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "m2_budget": False,
                       "behavior_clip_high": 0.2},
     "darl_high1": {"method": "darl", "behavior_clip_high": 1.0},  # A > 0 bounded at q <= 2 mu
-    "gates_high1": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip_high": 1.0},
-    "darl_lowclip_success": {"method": "darl", "behavior_clip_high": False, "success": 1},
-    "gates_lowclip_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False,
-                              "behavior_clip_high": False, "success": 1},
     # the first design (DESIGN.md section 3) and its ablations, as studied in docs/evidence.md's dated section
     "darl_v1": {"method": "darl", **V1},
     "replay_uniform": {"method": "darl", "pmis": False},  # newest first, own weights, token mean
