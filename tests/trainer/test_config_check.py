@@ -16,6 +16,8 @@ def problems(cfg):
 def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
     assert problems(compose_config()) == []
     assert problems(compose_config(*REPLAY_ON, "replay.k=4", "algorithm.rollout_is=true")) == []
+    # the earlier two-sided trust region is one flag through Hydra
+    assert problems(compose_config(*REPLAY_ON, "replay.behavior_clip_high=0.2")) == []
 
 
 @pytest.mark.parametrize(
@@ -43,6 +45,7 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
         (REPLAY_ON + ("actor_rollout_ref.actor.shuffle=true",), "actor_rollout_ref.actor.shuffle"),
         (("algorithm.rollout_correction.rollout_is=token",), "bypass_mode=true with rollout_is"),
         (REPLAY_ON + ("replay.max_score=1.0", "replay.pmis=false"), "replay.max_score"),
+        (REPLAY_ON + ("replay.behavior_clip_high=0.3", "replay.behavior_clip=false"), "replay.behavior_clip_high"),
     ],
 )
 def test_each_problem_names_its_key(compose_config, overrides, key):
