@@ -72,25 +72,26 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def kill_session(sid: int, grace_s: float = 3.0) -> int:
     """After the launch ended: SIGKILLs whatever of its session is still alive after `grace_s` (the scheduler's
     kill of the whole job); returns how many processes that was (zombies not counted)."""
     time.sleep(grace_s)
-    alive = []
-    for pid in _session_pids(sid):
+    alive = [pid for pid in _session_pids(sid) if _running(pid)]
+    for pid in alive:
         try:
-            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.append(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     deadline = time.time() + 15
-    while time.time() < deadline and any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-                                         for p in alive if os.path.exists(f"/proc/{p}")):
+    while time.time() < deadline and any(_running(p) for p in alive):
         time.sleep(0.2)
     return len(alive)
 

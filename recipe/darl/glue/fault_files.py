@@ -214,7 +214,8 @@ def guarded_verl_save(trainer, save: Callable[[], Any], step: int) -> Any:
     the previous step's actor shards as soon as the new ones are written, before `data.pt` and the tracker, so a
     kill in between leaves the tracker naming a step without weights. Here verl keeps everything, and once the
     tracker names the new step, `rotate` removes the older folders this trainer saved, as verl would, but whole
-    (verl leaves their `data.pt` and buffer files behind). Fault points `verl_save` (after the actor shards) and `after_save` (tracker written)."""
+    (verl leaves their `data.pt` and buffer files behind). Fault points: `verl_save` (after the actor shards),
+    `after_save` (tracker written)."""
     from omegaconf import open_dict
 
     from .fault_inject import after_call, fault_point
