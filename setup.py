@@ -11,7 +11,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["recipe", "recipe.*"]),
-    package_data={"recipe.darl": ["config/*.yaml", "config/replay/*.yaml", "example/weights/*/*"]},
+    package_data={"recipe.darl": ["config/*.yaml", "config/replay/*.yaml", "config/rollout_shaping/*.yaml", "example/weights/*/*"]},
     install_requires=["verl==0.9.1"],
     # verl/__init__.py imports every "verl.plugins" entry point, in the driver and in each Ray worker;
     # the CPU platform plugin does nothing unless VERL_PLATFORM=cpu (recipe/darl/cpu/platform.py)

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..core import group_multiple
 from ..core.config import ReplayConfig
+from ..core.darts import ShapingConfig
 
 VERL_DEFAULT_THRESHOLD = 2.0
 GROUP_ESTIMATORS = {"grpo", "rloo", "grpo_passk", "opo", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline"}
@@ -111,6 +112,33 @@ def check_config(cfg: DictConfig) -> list[str]:
     problems += _batch_problems(cfg, replay_values if enabled else None)
     problems += _path_problems(cfg)
     problems += _fault_problems(cfg)
+    problems += _shaping_problems(cfg)
+    return problems
+
+
+SHAPING_MANAGER = "recipe.darl.glue.darts_rollout.DartsAgentLoopManager"
+
+
+def _shaping_problems(cfg: DictConfig) -> list[str]:
+    """`rollout_shaping.*` (DARTS); when on, the one-step-off trainer's rollout manager is DARTS' (the fully-async
+    trainer installs it in its rollouter, glue/darts_trainer.py)."""
+    values: dict[str, Any] = OmegaConf.to_container(cfg.get("rollout_shaping", {}) or {}, resolve=True)
+    n = int(cfg.actor_rollout_ref.rollout.n)
+    problems = ShapingConfig.problems_of(values, n)
+    if problems or not values.get("enable", False):
+        return problems
+    agent = cfg.actor_rollout_ref.rollout.agent
+    current = agent.get("agent_loop_manager_class")
+    if "async_training" in cfg:
+        if current:
+            problems.append(f"rollout_shaping.enable=true with actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+                            f"{current}: the fully-async rollouter ignores that key; DARTS installs its own manager there")
+    elif current and current != SHAPING_MANAGER:
+        problems.append(f"rollout_shaping.enable=true needs DARTS' rollout manager, but actor_rollout_ref.rollout.agent."
+                        f"agent_loop_manager_class={current}")
+    else:
+        with open_dict(agent):  # a key of verl's AgentLoopConfig that its yaml leaves out
+            agent.agent_loop_manager_class = SHAPING_MANAGER
     return problems
 
 

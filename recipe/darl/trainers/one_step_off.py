@@ -9,6 +9,7 @@ import os
 
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
+from ..glue.darts_trainer import ShapingTrainerMixin
 from ..glue.fault_files import check_resume, guarded_verl_save
 from ..glue.fault_inject import fault_point
 from ..glue.fault_reward import RewardGuardMixin
@@ -19,19 +20,22 @@ from ..glue.replay_mixin import BUFFER_FILE, ReplayStepMixin
 __all__ = ["BUFFER_FILE", "DarlTrainer"]
 
 
-class DarlTrainer(GracefulStopMixin, RewardGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
+class DarlTrainer(GracefulStopMixin, RewardGuardMixin, ShapingTrainerMixin, ReplayStepMixin, OneStepOffRayTrainer):
     """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss; ends early, with a checkpoint, on a
     stop request (glue/graceful_stop.py)."""
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         self._init_replay(config)
+        self._init_shaping_trainer(config)
 
     def _save_checkpoint(self):
         # the buffer first (atomic, checksummed), then verl's files and, last, verl's tracker: a kill anywhere before
         # the tracker leaves the previous checkpoint the one resume takes (docs/faults.md)
         step = self.global_steps
-        self.save_replay(os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}"))
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}")
+        self.save_replay(folder)
+        self.save_shaping(folder)
         fault_point("after_buffer", step)
         return guarded_verl_save(self, super()._save_checkpoint, step)
 
@@ -39,13 +43,14 @@ class DarlTrainer(GracefulStopMixin, RewardGuardMixin, ReplayStepMixin, OneStepO
         if self.config.trainer.resume_mode == "auto":
             check_resume(self.config.trainer.default_local_dir)  # a torn tracker repaired, a dangling one refused
         result = super()._load_checkpoint()
-        if self.buffer is not None and self.global_steps > 0:
+        if self.global_steps > 0:
             # the folder verl's _load_checkpoint just resumed from
             if self.config.trainer.resume_mode == "resume_path":
                 folder = os.path.abspath(self.config.trainer.resume_from_path)
             else:
                 folder = os.path.join(os.path.abspath(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
             self.load_replay(folder)
+            self.load_shaping(folder)
         self._clear_stale_stop_request()
         return result
 

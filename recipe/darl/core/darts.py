@@ -1,0 +1,149 @@
+"""DARTS rollout shaping (DESIGN.md section 12): redundant responses per prompt, dual-end selection by finishing
+order, and adaptive redundancy from an EMA of each prompt's response-length spread. Plain Python: no Ray, no verl.
+
+After the released code of PKU-DAIR/DARTS (Distribution-Aware Active Rollout Trajectory Shaping, ICML'26): r >= n
+responses are generated for a prompt and n kept, the n - L that finish first and the L that finish last; with
+L = 0 the group's remaining requests are aborted once n have finished, which cuts the group's long tail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+
+@dataclass
+class ShapingConfig:
+    """Every key of `rollout_shaping.*`; n is `actor_rollout_ref.rollout.n`. Build with `from_dict`."""
+
+    enable: bool = False
+    responses: Optional[int] = None  # r per prompt without adaptive; null: ceil(mean_ratio * n)
+    adaptive: bool = False  # per-prompt r_i from the length-spread EMA, mean r_i = mean_ratio * n
+    mean_ratio: float = 1.25
+    min_responses: Optional[int] = None  # bound of r_i; null: n
+    max_responses: Optional[int] = None  # bound of r_i; null: 2n
+    keep_last: int = 0  # L: responses kept from the end of the finishing order; 0 aborts the tail
+    ema_alpha: float = 0.3
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], n: int) -> "ShapingConfig":
+        problems = cls.problems_of(values, n)
+        if problems:
+            raise ValueError("invalid rollout_shaping config:\n  " + "\n  ".join(problems))
+        return cls(**dict(values))
+
+    @classmethod
+    def problems_of(cls, values: Mapping[str, Any], n: int) -> list[str]:
+        """Every problem of a mapping of `rollout_shaping` keys for groups of n responses, each naming its key."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        out = [f"unknown rollout_shaping key(s): {', '.join('rollout_shaping.' + u for u in unknown)}; known keys: "
+               f"{', '.join(sorted(known))}"] if unknown else []
+        c = cls(**{k: v for k, v in values.items() if k in known})
+        for name in ("enable", "adaptive"):
+            if not isinstance(getattr(c, name), bool):
+                out.append(f"rollout_shaping.{name} must be a bool, got {getattr(c, name)!r}")
+        if c.responses is not None and (not _is_int(c.responses) or c.responses < n):
+            out.append(f"rollout_shaping.responses must be null or an integer >= actor_rollout_ref.rollout.n={n}, "
+                       f"got {c.responses!r}")
+        if not _is_int(c.keep_last) or not 0 <= c.keep_last < n:
+            out.append(f"rollout_shaping.keep_last (L) must be an integer in [0, rollout.n={n}), got {c.keep_last!r}")
+        if not _is_number(c.ema_alpha) or not 0 < c.ema_alpha <= 1:
+            out.append(f"rollout_shaping.ema_alpha must be in (0, 1], got {c.ema_alpha!r}")
+        if not _is_number(c.mean_ratio) or c.mean_ratio < 1:
+            out.append(f"rollout_shaping.mean_ratio must be a number >= 1, got {c.mean_ratio!r}")
+        for name in ("min_responses", "max_responses"):
+            value = getattr(c, name)
+            if value is not None and (not _is_int(value) or value < n):
+                out.append(f"rollout_shaping.{name} must be null or an integer >= rollout.n={n}, got {value!r}")
+        if out:
+            return out
+        low, high = c.bounds(n)
+        if low > high:
+            out.append(f"rollout_shaping.min_responses={low} exceeds rollout_shaping.max_responses={high}")
+        elif c.adaptive and not low <= c.mean_ratio * n <= high:
+            out.append(f"rollout_shaping.mean_ratio={c.mean_ratio} asks for {c.mean_ratio * n:g} responses per prompt "
+                       f"on average, outside [min_responses, max_responses] = [{low}, {high}]")
+        if c.adaptive and c.responses is not None:
+            out.append("rollout_shaping.responses is set with rollout_shaping.adaptive=true: adaptive redundancy sizes "
+                       "each prompt from mean_ratio; drop one of them")
+        return out
+
+    def bounds(self, n: int) -> tuple[int, int]:
+        return (self.min_responses or n, self.max_responses or 2 * n)
+
+    def fixed_responses(self, n: int) -> int:
+        return self.responses if self.responses is not None else math.ceil(self.mean_ratio * n - 1e-9)
+
+
+def normalise(spreads: Sequence[float]) -> list[float]:
+    """DARTS' min-max normalisation v' = (v - min + 1) / (max - min); all equal (or one) -> all 1. Keeps v' > 0,
+    so every prompt has a claim on the extra responses."""
+    if not spreads:
+        return []
+    low, high = min(spreads), max(spreads)
+    if high - low <= 1e-12:
+        return [1.0] * len(spreads)
+    return [(v - low + 1.0) / (high - low) for v in spreads]
+
+
+def allocate(spreads: Sequence[Optional[float]], n: int, mean_ratio: float, low: int, high: int) -> list[int]:
+    """Responses r_i per prompt, low <= r_i <= high, sum round(mean_ratio * n * B), minimising sum_i v_i / r_i
+    greedily: each extra response goes to the largest v_i / (r_i (r_i + 1)), the decrease it buys (ties: the
+    first prompt). v_i: normalised spreads; None (an unseen prompt) takes the mean of the known ones."""
+    known = [v for v in spreads if v is not None]
+    norm = iter(normalise(known))
+    values = [next(norm) if v is not None else None for v in spreads]
+    mean = sum(v for v in values if v is not None) / len(known) if known else 1.0
+    values = [mean if v is None else v for v in values]
+    total = min(max(round(mean_ratio * n * len(values)), low * len(values)), high * len(values))
+    counts = [low] * len(values)
+    heap = [(-v / (low * (low + 1)), i) for i, v in enumerate(values) if low < high]
+    heapq.heapify(heap)
+    for _ in range(total - low * len(values)):
+        _, i = heapq.heappop(heap)
+        counts[i] += 1
+        if counts[i] < high:
+            heapq.heappush(heap, (-values[i] / (counts[i] * (counts[i] + 1)), i))
+    return counts
+
+
+def dual_end_keep(finish_order: Sequence[int], n: int, keep_last: int) -> list[int]:
+    """Of a group's responses listed in the order they finished, the n - L first and the L last (as given)."""
+    if len(finish_order) < n:
+        raise ValueError(f"{len(finish_order)} responses finished, fewer than the n={n} a group keeps")
+    head = list(finish_order[: n - keep_last])
+    return head + (list(finish_order[len(finish_order) - keep_last:]) if keep_last else [])
+
+
+class LengthSpreadEma:
+    """Per-prompt EMA of the standard deviation of kept response lengths (tokens); state is a plain dict."""
+
+    def __init__(self, alpha: float, state: Optional[dict[str, float]] = None) -> None:
+        self.alpha = alpha
+        self.values: dict[str, float] = dict(state or {})
+
+    def update(self, key: str, lengths: Sequence[float]) -> float:
+        """Folds one group's kept lengths into the prompt's EMA (the first observation is taken as is)."""
+        m = sum(lengths) / len(lengths)
+        std = math.sqrt(sum((x - m) ** 2 for x in lengths) / len(lengths))
+        old = self.values.get(key)
+        self.values[key] = std if old is None else self.alpha * std + (1 - self.alpha) * old
+        return self.values[key]
+
+    def get(self, key: str) -> Optional[float]:
+        return self.values.get(key)
+
+    def state_dict(self) -> dict[str, float]:
+        return dict(self.values)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
