@@ -9,7 +9,8 @@
 #   PYTHON          python interpreter [.venv/bin/python if present, else python3]
 #   DARL_CACHE      where the example is built [$HOME/.cache/darl]
 #   MODEL_PATH, TRAIN_FILES, VAL_FILES  another model and data instead of the example (all three)
-#   TASK            arithmetic: the example's sums; scarce: a fixed pool of 256 hard sums revisited for epochs [arithmetic]
+#   TASK            arithmetic: the example's sums; scarce: a fixed pool of 256 hard sums revisited for epochs;
+#                   longtail: the sums answered by the untrained tiny model, long-tailed lengths (DARTS' testbed) [arithmetic]
 #   OUT_DIR         run outputs: metrics.jsonl, tensorboard/, checkpoints/ [outputs/<experiment>]
 #   EXPERIMENT_NAME [the script's file name without .sh]
 #   STEPS           training steps (trainer.total_training_steps) [40]
@@ -41,6 +42,10 @@ darl_cpu_setup() {
         paths=$("$PYTHON" -m recipe.darl.example.build --paths-only --task "${TASK:-arithmetic}" ${DARL_CACHE:+--cache "$DARL_CACHE"})
         read -r MODEL_PATH TRAIN_FILES VAL_FILES <<< "$paths"
     fi
+    case "${TASK:-arithmetic}" in
+        longtail) DARL_REWARD=longtail DARL_MAX_RESPONSE=128 ;;
+        *) DARL_REWARD=arithmetic DARL_MAX_RESPONSE=32 ;;
+    esac
     STEPS="${STEPS:-40}"
     TEST_FREQ="${TEST_FREQ:-20}"
     SAVE_FREQ="${SAVE_FREQ:-20}"
@@ -109,10 +114,10 @@ darl_cpu_setup() {
         "data.val_files=$VAL_FILES"
         "data.train_batch_size=$TRAIN_BATCH_SIZE"
         data.max_prompt_length=64
-        data.max_response_length=32
+        "data.max_response_length=$DARL_MAX_RESPONSE"
         data.filter_overlong_prompts=false
         data.dataloader_num_workers=0
-        reward.custom_reward_function.path=pkg://recipe.darl.example.arithmetic
+        "reward.custom_reward_function.path=pkg://recipe.darl.example.$DARL_REWARD"
         reward.custom_reward_function.name=compute_score
         # GRPO, PPO-clip 0.2, Adam
         algorithm.adv_estimator=grpo

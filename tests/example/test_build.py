@@ -35,7 +35,8 @@ def test_concurrent_first_uses_build_once_and_get_the_shipped_bytes(tmp_path):
     folder = shipped_weights(ExampleSettings())
     assert sha256(model / "model.safetensors") == sha256(folder / "model.safetensors")
     root = model.parent
-    for name in ("train.parquet", "val.parquet", "scarce_train.parquet", "scarce_val.parquet", "example.json"):
+    for name in ("train.parquet", "val.parquet", "scarce_train.parquet", "scarce_val.parquet", "example.json",
+                 "longtail_model/model.safetensors"):
         assert (root / name).exists()
     assert json.loads((root / "example.json").read_text())["weights"] == "shipped"
     # no private build directory left behind
@@ -65,3 +66,10 @@ def test_scarce_split_is_hard_fixed_and_disjoint():
     used = set(splits["sft"]) | set(splits["train"]) | set(splits["val"])
     assert not set(splits["scarce_val"]) & used and not set(splits["heldout"]) & used
     assert problem_splits(val_size=300) == splits  # deterministic
+
+
+def test_longtail_reward_is_the_share_of_digits():
+    from recipe.darl.example.longtail import compute_score
+
+    assert compute_score("darl/arithmetic", "a1b2", "3") == 0.5
+    assert compute_score("darl/arithmetic", "", "3") == 0.0

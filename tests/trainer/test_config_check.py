@@ -96,3 +96,30 @@ def test_seed_rollout_is_alias_means_decoupled_unless_bypass_was_set(compose_con
     assert problems(compose_config("algorithm.rollout_is=true", "algorithm.rollout_correction.bypass_mode=false")) == []
     found = problems(compose_config("algorithm.rollout_is=true", "algorithm.rollout_correction.bypass_mode=true"))
     assert any("algorithm.rollout_is=true" in p and "bypass_mode=true" in p for p in found)
+
+
+def test_rollout_shaping_composes_and_installs_darts_manager(compose_config):
+    cfg = compose_config("rollout_shaping.enable=true", "rollout_shaping.adaptive=true")
+    assert problems(cfg) == []
+    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == "recipe.darl.glue.darts_rollout.DartsAgentLoopManager"
+    off = compose_config()
+    assert problems(off) == [] and off.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class") is None
+
+
+def test_rollout_shaping_problems_name_their_keys(compose_config):
+    found = problems(compose_config("rollout_shaping.enable=true", "rollout_shaping.keep_last=8",
+                                    "rollout_shaping.responses=3", "actor_rollout_ref.rollout.n=8"))
+    assert any("rollout_shaping.keep_last (L)" in p for p in found)
+    assert any("rollout_shaping.responses must be null or an integer >= actor_rollout_ref.rollout.n=8" in p for p in found)
+    other = problems(compose_config("rollout_shaping.enable=true",
+                                    "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=my.Manager"))
+    assert any("needs DARTS' rollout manager" in p and "my.Manager" in p for p in other)
+    with pytest.raises(Exception, match="rollout_shaping"):
+        compose_config("rollout_shaping.typo=1")  # Hydra: not in the struct
+
+
+def test_rollout_shaping_in_the_fully_async_config(compose_config):
+    cfg = compose_config("rollout_shaping.enable=true", "rollout_shaping.keep_last=1", "actor_rollout_ref.rollout.n=4",
+                         config_name="darl_fully_async_trainer")
+    assert [p for p in problems(cfg) if "rollout_shaping" in p] == []
+    assert cfg.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class") is None  # installed in the rollouter

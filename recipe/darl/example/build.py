@@ -34,7 +34,7 @@ from .warm_start import warm_start
 
 DEFAULT_CACHE = Path(os.environ.get("DARL_CACHE", Path.home() / ".cache" / "darl"))
 SHIPPED = Path(__file__).with_name("weights")
-LAYOUT = 2  # 2: scarce_train/scarce_val parquet files; an older cache directory is rebuilt
+LAYOUT = 3  # 2: scarce_train/scarce_val parquet files; 3: longtail_model/; an older cache directory is rebuilt
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -162,6 +162,9 @@ def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) ->
     # the scarce regime (docs/evidence.md): a fixed pool of hard problems revisited for epochs
     write_parquet(records(splits["scarce_train"], "train"), root / "scarce_train.parquet")
     write_parquet(records(splits["scarce_val"], "test"), root / "scarce_val.parquet")
+    # the long-tail example (longtail.py): the tiny model untrained, deterministic, built in a second
+    build_tiny_model(root / "longtail_model", seed=settings.seed, hidden_size=settings.hidden_size,
+                     num_layers=settings.num_layers)
 
     shipped = None if regenerate else shipped_weights(settings)
     if shipped is not None:
@@ -203,8 +206,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--paths-only", action="store_true", help="print 'model train val' on one line (for scripts)")
-    parser.add_argument("--task", choices=["arithmetic", "scarce"], default="arithmetic",
-                        help="which data --paths-only prints: the example's or the scarce regime's (hard sums, fixed pool)")
+    parser.add_argument("--task", choices=["arithmetic", "scarce", "longtail"], default="arithmetic",
+                        help="which model and data --paths-only prints: the example's, the scarce regime's (hard sums, "
+                             "fixed pool) or the long-tail example's (the untrained tiny model, longtail.py)")
     parser.add_argument("--regenerate", action="store_true", help="warm-start here instead of using the shipped weights")
     parser.add_argument("--export", type=Path, default=None, help="write the built model as shippable weights into DIR")
     args = parser.parse_args()
@@ -216,6 +220,8 @@ def main() -> None:
     if args.paths_only:
         if args.task == "scarce":
             print(example.model, str(Path(example.root) / "scarce_train.parquet"), str(Path(example.root) / "scarce_val.parquet"))
+        elif args.task == "longtail":
+            print(str(Path(example.root) / "longtail_model"), example.train_files, example.val_files)
         else:
             print(example.model, example.train_files, example.val_files)
     else:

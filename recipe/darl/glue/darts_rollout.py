@@ -61,6 +61,7 @@ class DartsManagerMixin:
         self.n = int(self.config.actor_rollout_ref.rollout.n)
         self.spread_ema = LengthSpreadEma(self.shaping.ema_alpha)
         self.counts = dict.fromkeys(("prompts", "kept", *COUNTS), 0.0)
+        self.kept_lengths: list[float] = []
 
     def _plan(self, prompts, population: bool):
         """Adds GROUP and EXTRA to the rows of `prompts` (groups of n consecutive rows: verl's interleaved repeat)."""
@@ -87,6 +88,7 @@ class DartsManagerMixin:
     def _observe(self, output, keys: list[str]) -> None:
         """Folds the kept lengths into the EMA, counts, and drops the planning and count columns."""
         lengths = output.batch["response_mask"].sum(-1).tolist()
+        self.kept_lengths += lengths
         for g, key in enumerate(keys):
             self.spread_ema.update(key, lengths[g * self.n:(g + 1) * self.n])
         self.counts["prompts"] += len(keys)
@@ -99,9 +101,11 @@ class DartsManagerMixin:
     def pop_metrics(self) -> dict[str, float]:
         """`rollout_shaping/` metrics since the last call (responses generated, aborted, finished but dropped)."""
         c, self.counts = self.counts, dict.fromkeys(self.counts, 0.0)
+        lengths, self.kept_lengths = self.kept_lengths, []
         if not c["prompts"]:
             return {}
-        return {"rollout_shaping/generated": c["darts_generated"], "rollout_shaping/aborted": c["darts_aborted"],
+        p50, p95 = np.percentile(lengths, [50, 95]).tolist()
+        return {"rollout_shaping/kept_length_p50": p50, "rollout_shaping/kept_length_p95": p95,"rollout_shaping/generated": c["darts_generated"], "rollout_shaping/aborted": c["darts_aborted"],
                 "rollout_shaping/dropped": c["darts_dropped"], "rollout_shaping/kept": c["kept"],
                 "rollout_shaping/responses_per_prompt": c["darts_generated"] / c["prompts"],
                 "rollout_shaping/ema_prompts": float(len(self.spread_ema.values))}
