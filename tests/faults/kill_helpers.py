@@ -96,17 +96,48 @@ def kill_session(sid: int, grace_s: float = 3.0) -> int:
     return len(alive)
 
 
+def driver_pid(sid: int) -> int | None:
+    """The job's driver: the process of session `sid` running a D-ARL entry point (what run.sh sends USR1 to)."""
+    for pid in _session_pids(sid):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"recipe.darl.main_darl" in cmdline or b"recipe.darl.main_fully_async" in cmdline:
+            return pid
+    return None
+
+
+def _usr1_after_update(proc: subprocess.Popen, log: Path, step: int, timeout: int) -> int | None:
+    """Waits until the run logged an actor update at trainer step >= `step`, sends SIGUSR1 to its driver (as run.sh
+    forwards Slurm's), then waits for the end; returns the exit code (None: no end within `timeout`)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        if any("actor/pg_loss" in r["data"] and r["data"].get("training/global_step", r["step"]) >= step for r in records):
+            pid = driver_pid(proc.pid)
+            if pid is not None:
+                os.kill(pid, signal.SIGUSR1)
+                break
+        time.sleep(0.5)
+    try:
+        return proc.wait(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def launch(script: Path, root: Path, inputs: dict, name: str, fault: str = "", env: dict | None = None,
-           overrides: tuple[str, ...] = (), timeout: int = 600) -> Launch:
+           overrides: tuple[str, ...] = (), timeout: int = 600, usr1_after_step: int | None = None) -> Launch:
     """Runs `script` on `inputs` in a new session with `DARL_FAULT_INJECT=fault`; outputs in root/out (shared by
-    every launch: each resumes the last), verl's file logger in root/<name>.jsonl, the output in root/<name>.txt."""
+    every launch: each resumes the last), verl's file logger in root/<name>.jsonl, the output in root/<name>.txt.
+    `usr1_after_step`: SIGUSR1 to the driver once an update at that trainer step (or later) is logged."""
     marker = root / f"{name}.marker"
     log = root / f"{name}.jsonl"
     run_env = dict(os.environ, MODEL_PATH=inputs["MODEL_PATH"], TRAIN_FILES=inputs["TRAIN_FILES"],
                    VAL_FILES=inputs["VAL_FILES"], OUT_DIR=str(root / "out"), VERL_FILE_LOGGER_PATH=str(log),
                    N_RESPONSES="4", MINI_BATCH_SIZE="2", TRAIN_BATCH_SIZE="4", TEST_FREQ="-1", SAVE_FREQ="1",
-                   RESUME_MODE="auto", PYTHON=sys.executable, DARL_FAULT_INJECT=fault, DARL_FAULT_MARKER=str(marker),
-                   **(env or {}))
+                   RESUME_MODE="auto", PYTHON=sys.executable, DARL_FAULT_INJECT=fault, DARL_FAULT_MARKER=str(marker))
+    run_env.update(env or {})
     args = [inputs["reward"], "replay.k=3", "replay.warmup=0", "data.max_response_length=12",
             "trainer.val_before_train=false", *overrides]
     out_path = root / f"{name}.txt"
@@ -114,10 +145,13 @@ def launch(script: Path, root: Path, inputs: dict, name: str, fault: str = "", e
     with open(out_path, "w") as out:
         proc = subprocess.Popen(["bash", "-c", 'export DARL_FAULT_PGID=$$; exec bash "$0" "$@"', str(script), *args],
                                 env=run_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
+        if usr1_after_step is not None:
+            rc = _usr1_after_update(proc, log, usr1_after_step, timeout)
+        else:
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                rc = None
     seconds = time.time() - t0
     leftovers = kill_session(proc.pid)
     if rc is None:

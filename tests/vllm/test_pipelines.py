@@ -10,7 +10,9 @@ so that `stamps.py` can recompute every stored sample's log-probs under the weig
   the samples of both runs);
 - vLLM fully-async: weights synced every 2 trainer steps (trigger_parameter_sync_step = 2), partial rollouts,
   staleness threshold 2, 12 trainer steps (6 syncs); then a run resumed from the version-2 checkpoint;
-- hf one-step-off (3 steps) and hf fully-async (as vLLM's, no resume): the stamp check only.
+- hf one-step-off (3 steps) and hf fully-async (as vLLM's, no resume): the stamp check only;
+- vLLM one-step-off with DARTS (rollout_shaping: adaptive r, L = 0), 3 steps: each group's tail aborted on verl's
+  vLLM server through `abort_request`, n responses kept, and the kept responses' stamps checked like the others.
 """
 
 from __future__ import annotations
@@ -134,6 +136,16 @@ def hf_fully_async(tmp_path_factory):
     return {"stamps": _stamp_report("fully_async", root, inputs), "log1": read_log(root / "run1.jsonl")}
 
 
+@pytest.fixture(scope="module")
+def vllm_darts(tmp_path_factory, vllm_installed):
+    root = tmp_path_factory.mktemp("vllm_darts")
+    inputs = build_inputs(root, hidden_size=128)
+    done = _run("one_step_off", "vllm", root, inputs, "run1.jsonl", 3, "rollout_shaping.enable=true",
+                "rollout_shaping.adaptive=true", "rollout_shaping.mean_ratio=1.5")
+    return {"stamps": _stamp_report("one_step_off", root, inputs), "log1": read_log(root / "run1.jsonl"),
+            "text": done.stdout + done.stderr}
+
+
 def _trained(log: dict[int, dict]) -> list[int]:
     return sorted(s for s, m in log.items() if "actor/pg_loss" in m)
 
@@ -204,9 +216,21 @@ def test_fully_async_checkpoint_and_resume_on_vllm(vllm_fully_async):
     assert _trained(log2) == after
 
 
+# ---------------------------------------------------------------- DARTS on vLLM
+
+def test_darts_aborts_each_groups_tail_on_the_vllm_server(vllm_darts):
+    log = vllm_darts["log1"]
+    assert "(vLLMHttpServer pid=" in vllm_darts["text"] and _trained(log) == [1, 2, 3]
+    for step in (1, 2, 3):
+        m = log[step]
+        assert m["rollout_shaping/kept"] == 4 * 4 and m["rollout_shaping/generated"] == 1.5 * 4 * 4
+        assert m["rollout_shaping/aborted"] == m["rollout_shaping/generated"] - m["rollout_shaping/kept"]
+        assert m["rollout_shaping/dropped"] == 0 and math.isfinite(m["actor/pg_loss"])
+
+
 # ---------------------------------------------------------------- version stamps, both backends
 
-STAMP_RUNS = ["vllm_one_step_off", "vllm_fully_async", "hf_one_step_off", "hf_fully_async"]
+STAMP_RUNS = ["vllm_one_step_off", "vllm_fully_async", "hf_one_step_off", "hf_fully_async", "vllm_darts"]
 
 
 @pytest.mark.parametrize("run", STAMP_RUNS)

@@ -198,6 +198,9 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ShapingTrai
         try:
             result = await super().fit()
         except StopRequested:
+            # verl logs a step's metrics at the next step (its aggregator takes them in _fit_postprocess_step), and
+            # the last step's after its loop: log them here, or the stop's own update goes unrecorded
+            self._fit_log_aggregated_training_metrics({})
             # verl's fit ends when the rollouter's finish signal reaches it through the queue; here the trainer
             # ends first, and the rollouter would wait for it (paused at its staleness limit) forever
             if getattr(self, "progress_bar", None) is not None:

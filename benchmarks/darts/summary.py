@@ -1,0 +1,106 @@
+"""The table and plots of docs/darts.md from `benchmarks/darts/run.sh`'s runs.
+
+    python benchmarks/darts/summary.py runs/darts [--plot docs/evidence/darts/curves.png]
+
+Per run (medians over steps 2..T: step 1 waits for the first batch): rollout wall time per step (verl's
+`timing_s/generate_async`, the generation of one batch), p50/p95 of kept response lengths, responses generated per
+prompt, share aborted, step time; the training reward (digit share) over the last 3 steps; the wall time (sum of
+step times) until the training reward first reaches the same seed's `base` run's final reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from recipe.darl.plot import read_log  # noqa: E402
+
+REWARD = "critic/score/mean"
+
+
+def _values(series, key, first=2):
+    return [v for s, v in series.get(key, []) if s >= first]
+
+
+def summarize(run: Path) -> dict[str, float]:
+    m = read_log(run / "metrics.jsonl")
+    rewards = [v for _, v in m[REWARD]]
+    steps = [v for _, v in m["timing_s/step"]]
+    out = {"gen_s": statistics.median(_values(m, "timing_s/generate_async")),
+           "step_s": statistics.median(_values(m, "timing_s/step")),
+           "p50": statistics.median(_values(m, "rollout_shaping/kept_length_p50", 1)),
+           "p95": statistics.median(_values(m, "rollout_shaping/kept_length_p95", 1)),
+           "r_per_prompt": statistics.mean(_values(m, "rollout_shaping/responses_per_prompt", 1)),
+           "aborted": sum(_values(m, "rollout_shaping/aborted", 1)) / sum(_values(m, "rollout_shaping/generated", 1)),
+           "final_reward": statistics.mean(rewards[-3:]), "steps": len(rewards)}
+    out["curve"] = list(zip(steps, rewards))
+    return out
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float:
+    """Seconds (sum of step times) until the training reward first reaches `target`; inf if never."""
+    wall = 0.0
+    for step_s, reward in curve:
+        wall += step_s
+        if reward >= target:
+            return wall
+    return float("inf")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--plot", type=Path, default=None)
+    args = parser.parse_args()
+    runs = {}
+    for log in sorted(args.root.glob("preset_*/seed*/*/metrics.jsonl")):
+        preset, seed, cfg = log.parts[-4], log.parts[-3], log.parts[-2]
+        runs[(preset, cfg, seed)] = summarize(log.parent)
+    for (preset, cfg, seed), r in runs.items():
+        base = runs.get((preset, "base", seed))
+        r["time_to_base"] = time_to(r["curve"], base["final_reward"]) if base else float("nan")
+    keys = ["gen_s", "step_s", "p50", "p95", "r_per_prompt", "aborted", "final_reward", "time_to_base"]
+    print("| preset | config | seeds | " + " | ".join(keys) + " |\n|" + "---|" * (len(keys) + 3))
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for (preset, cfg, seed), r in runs.items():
+        groups.setdefault((preset, cfg), []).append(r)
+    for (preset, cfg), rs in groups.items():
+        cells = []
+        for k in keys:
+            vals = [r[k] for r in rs]
+            mean = statistics.mean(vals)
+            cells.append(f"{mean:.3f} ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else f"{mean:.3f}")
+        print(f"| {preset} | {cfg} | {len(rs)} | " + " | ".join(cells) + " |")
+    for (preset, cfg), rs in groups.items():
+        base = groups.get((preset, "base"))
+        if base and cfg != "base":
+            ratio = statistics.mean(r["gen_s"] for r in base) / statistics.mean(r["gen_s"] for r in rs)
+            print(f"rollout time per step, {preset} {cfg}: base / {cfg} = {ratio:.2f}x")
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        for (preset, cfg, seed), r in sorted(runs.items()):
+            wall, xs = 0.0, []
+            for step_s, _ in r["curve"]:
+                wall += step_s
+                xs.append(wall)
+            label = f"{cfg} ({preset}, {seed})"
+            ax1.plot(range(1, len(r["curve"]) + 1), [v for _, v in r["curve"]], label=label)
+            ax2.plot(xs, [v for _, v in r["curve"]], label=label)
+        ax1.set_xlabel("trainer step"); ax2.set_xlabel("wall time (s, sum of step times)")
+        for ax in (ax1, ax2):
+            ax.set_ylabel("training reward (digit share)")
+        ax2.legend(fontsize=6)
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
