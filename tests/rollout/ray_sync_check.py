@@ -31,7 +31,13 @@ def mark(name):
     TIMES[name] = round(time.time() - T0, 2)
 
 
-def make_config(model_path: str):
+HF_ROLLOUT = ("actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.free_cache_engine=False",
+              "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1")
+
+
+def make_config(model_path: str, rollout: tuple[str, ...] = HF_ROLLOUT):
+    """verl's ppo_trainer config for one FSDP2 trainer rank and one standalone rollout replica on CPU; `rollout`: the
+    engine's overrides (also used by tests/vllm/vllm_sync_check.py)."""
     from hydra import compose, initialize_config_module
 
     overrides = [
@@ -50,7 +56,7 @@ def make_config(model_path: str):
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
-        "actor_rollout_ref.rollout.name=hf",
+        *rollout,
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.nnodes=1",
@@ -60,10 +66,8 @@ def make_config(model_path: str):
         "actor_rollout_ref.rollout.prompt_length=16",
         "actor_rollout_ref.rollout.response_length=8",
         "actor_rollout_ref.rollout.calculate_log_probs=True",
-        "actor_rollout_ref.rollout.free_cache_engine=False",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store",
         "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.cpu.rollout",
-        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
         "actor_rollout_ref.hybrid_engine=False",
         "trainer.device=cpu",
         "trainer.n_gpus_per_node=1",

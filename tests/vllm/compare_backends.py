@@ -32,6 +32,9 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+from e2e_helpers import read_log  # noqa: E402  (verl's file logger, merged per step)
+
 SCRIPT = REPO / "shells" / "cpu" / "one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"
 ROLLOUT_PROCESS = {"hf": re.compile(r"HFRolloutServer"),
                    "vllm": re.compile(r"vLLMHttpServer|EngineCore|VLLM|VllmWorker")}
@@ -55,14 +58,6 @@ class PeakRss(threading.Thread):
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
             self.peak = max(self.peak, total)
-
-
-def read_log(path: Path) -> dict[int, dict]:
-    steps: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        steps.setdefault(record["step"], {}).update(record["data"])
-    return steps
 
 
 def run_backend(backend: str, steps: int, out: Path) -> dict:

@@ -24,78 +24,22 @@ import os
 import sys
 import time
 
-T0 = time.time()
-TIMES = {}
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+import ray_sync_check  # noqa: E402  (the hf check: its config, clock and trainer-side helpers)
+from ray_sync_check import TIMES, _perturb, _trainer_log_probs, mark  # noqa: E402,F401
 
-def mark(name):
-    TIMES[name] = round(time.time() - T0, 2)
+# those helpers run inside Ray workers, which cannot import this folder: ship them by value, as __main__'s are
+from ray import cloudpickle  # noqa: E402
+
+cloudpickle.register_pickle_by_value(ray_sync_check)
 
 
 def make_config(model_path: str):
-    from hydra import compose, initialize_config_module
-
     from recipe.darl.cpu.vllm_rollout import cpu_vllm_overrides
 
-    overrides = [
-        f"actor_rollout_ref.model.path={model_path}",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.model.use_remove_padding=False",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.actor.fsdp_config.strategy=fsdp2",
-        "actor_rollout_ref.actor.use_torch_compile=false",
-        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
-        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
-        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32",
-        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-        "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
-        *cpu_vllm_overrides(),
-        "actor_rollout_ref.rollout.mode=async",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.nnodes=1",
-        "actor_rollout_ref.rollout.n_gpus_per_node=1",
-        "actor_rollout_ref.rollout.dtype=float32",
-        "actor_rollout_ref.rollout.load_format=dummy",
-        "actor_rollout_ref.rollout.prompt_length=16",
-        "actor_rollout_ref.rollout.response_length=8",
-        "actor_rollout_ref.rollout.max_model_len=4096",
-        "actor_rollout_ref.rollout.calculate_log_probs=True",
-        "actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store",
-        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.darl.cpu.rollout",
-        "actor_rollout_ref.hybrid_engine=False",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=1",
-        "trainer.nnodes=1",
-    ]
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        return compose(config_name="ppo_trainer", overrides=overrides)
-
-
-def _perturb(worker):
-    """Inside the trainer worker: change every parameter in place (FSDP2 shards; world size 1)."""
-    import torch
-
-    with torch.no_grad():
-        for i, p in enumerate(worker.actor.engine.module.parameters()):
-            local = p.to_local() if hasattr(p, "to_local") else p
-            local.mul_(1.0 + 0.05 * ((i % 3) - 1)).add_(0.02)
-    return True
-
-
-def _trainer_log_probs(worker, prompt, response, temperature):
-    """Inside the trainer worker: teacher-forced log_softmax(logits / T) of `response` with the FSDP2 module."""
-    import torch
-
-    module = worker.actor.engine.module
-    with torch.no_grad():
-        ids = torch.tensor([list(prompt) + list(response)])
-        logits = module(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
-        log_probs = torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, -1)
-        return log_probs.gather(1, torch.tensor(response)[:, None]).squeeze(1).tolist()
+    return ray_sync_check.make_config(model_path, rollout=(*cpu_vllm_overrides(), "actor_rollout_ref.rollout.max_model_len=4096"))
 
 
 def _worker_facts(worker):
