@@ -91,3 +91,17 @@ def test_memory_settings_from_the_environment(tmp_path):
     assert low["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == "16384"
     # never below one whole sequence (prompt 512 + response 1024 on GSM8K)
     assert words(MAX_TOKENS_PER_GPU="1000")["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "1536"
+
+
+def test_darts_variants_compose_with_rollout_shaping(tmp_path):
+    """The DARTS launch scripts (one-step-off and fully-async): the preset plus rollout_shaping, composed and checked."""
+    env = base_env(tmp_path)
+    one_step_off, fully_async = run_dry([
+        (SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg_darts.sh", [], env),
+        (SHELLS / "fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg_darts.sh", [], env)])
+    for cfg in (one_step_off, fully_async):
+        assert cfg["rollout_shaping"]["enable"] is True and cfg["rollout_shaping"]["adaptive"] is True
+        assert cfg["replay"]["enable"] is True
+    manager = "recipe.darl.glue.darts_rollout.DartsAgentLoopManager"
+    assert one_step_off["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] == manager
+    assert fully_async["actor_rollout_ref"]["rollout"]["agent"].get("agent_loop_manager_class") is None

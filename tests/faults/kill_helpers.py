@@ -108,16 +108,22 @@ def driver_pid(sid: int) -> int | None:
     return None
 
 
-def _usr1_after_update(proc: subprocess.Popen, log: Path, step: int, timeout: int) -> int | None:
-    """Waits until the run logged an actor update at trainer step >= `step`, sends SIGUSR1 to its driver (as run.sh
-    forwards Slurm's), then waits for the end; returns the exit code (None: no end within `timeout`)."""
+def usr1_to_driver(sid: int) -> bool:
+    """SIGUSR1 to the job's driver, as run.sh forwards Slurm's; False while the driver has not started."""
+    pid = driver_pid(sid)
+    if pid is not None:
+        os.kill(pid, signal.SIGUSR1)
+    return pid is not None
+
+
+def _act_after_update(proc: subprocess.Popen, log: Path, step: int, action, timeout: int) -> int | None:
+    """Waits until the run logged an actor update at trainer step >= `step`, calls `action(session id)` until it
+    returns True, then waits for the end; returns the exit code (None: no end within `timeout`)."""
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         if any("actor/pg_loss" in r["data"] and r["data"].get("training/global_step", r["step"]) >= step for r in records):
-            pid = driver_pid(proc.pid)
-            if pid is not None:
-                os.kill(pid, signal.SIGUSR1)
+            if action(proc.pid):
                 break
         time.sleep(0.5)
     try:
@@ -127,10 +133,11 @@ def _usr1_after_update(proc: subprocess.Popen, log: Path, step: int, timeout: in
 
 
 def launch(script: Path, root: Path, inputs: dict, name: str, fault: str = "", env: dict | None = None,
-           overrides: tuple[str, ...] = (), timeout: int = 600, usr1_after_step: int | None = None) -> Launch:
+           overrides: tuple[str, ...] = (), timeout: int = 600, after_step: int | None = None, action=None) -> Launch:
     """Runs `script` on `inputs` in a new session with `DARL_FAULT_INJECT=fault`; outputs in root/out (shared by
     every launch: each resumes the last), verl's file logger in root/<name>.jsonl, the output in root/<name>.txt.
-    `usr1_after_step`: SIGUSR1 to the driver once an update at that trainer step (or later) is logged."""
+    `action(session id) -> bool`: called once an update at trainer step `after_step` (or later) is logged, until it
+    returns True (`usr1_to_driver`: a stop request)."""
     marker = root / f"{name}.marker"
     log = root / f"{name}.jsonl"
     run_env = dict(os.environ, MODEL_PATH=inputs["MODEL_PATH"], TRAIN_FILES=inputs["TRAIN_FILES"],
@@ -145,8 +152,8 @@ def launch(script: Path, root: Path, inputs: dict, name: str, fault: str = "", e
     with open(out_path, "w") as out:
         proc = subprocess.Popen(["bash", "-c", 'export DARL_FAULT_PGID=$$; exec bash "$0" "$@"', str(script), *args],
                                 env=run_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        if usr1_after_step is not None:
-            rc = _usr1_after_update(proc, log, usr1_after_step, timeout)
+        if action is not None:
+            rc = _act_after_update(proc, log, after_step or 1, action, timeout)
         else:
             try:
                 rc = proc.wait(timeout=timeout)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from kill_helpers import FULLY_ASYNC, ONE_STEP_OFF, build_inputs, launch
+from kill_helpers import FULLY_ASYNC, ONE_STEP_OFF, build_inputs, launch, usr1_to_driver
 
 STEPS = 30  # the configured run; the signal comes after the first update
 
@@ -27,7 +27,7 @@ def test_usr1_saves_at_the_next_step_boundary_and_the_resumed_job_loses_no_step(
     env = dict(STEPS=str(STEPS), SAVE_FREQ="1000")  # no periodic checkpoint: only the stop's
     if trainer == "fully_async":
         env.update(REQUIRE_BATCHES="1", STALENESS_THRESHOLD="1")
-    stopped = launch(script, tmp_path, inputs, "stopped", env=env, usr1_after_step=1, timeout=600)
+    stopped = launch(script, tmp_path, inputs, "stopped", env=env, after_step=1, action=usr1_to_driver, timeout=600)
     assert stopped.rc == 0, stopped.text[-3000:]
     assert "SIGUSR1: stop requested" in stopped.text
     last = stopped.trained()[-1]

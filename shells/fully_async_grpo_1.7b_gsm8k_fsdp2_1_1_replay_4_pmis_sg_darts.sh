@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Qwen3-1.7B on GSM8K through verl's fully-async pipeline, FSDP2 trainer on 1 GPU, vLLM rollouter on 1 GPU: the
+# `_pmis_sg` preset plus DARTS rollout shaping (docs/darts.md): adaptive redundancy (r_i in [n, 2n], 1.25 n on
+# average, planned per prompt), each group's tail aborted once n finished (L = 0). Variables: shells/common.sh.
+# Never run on a GPU by this project yet (docs/gpu.md).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+darl_setup 1.7b gsm8k 1 1
+
+darl_fully_async_run \
+    algorithm.rollout_correction.bypass_mode=false \
+    algorithm.rollout_is=true \
+    algorithm.rollout_is_threshold=2.0 \
+    replay.enable=true \
+    replay.k=4 \
+    replay.pmis=true \
+    replay.stop_grad=true \
+    replay.warmup=5 \
+    rollout_shaping.enable=true \
+    rollout_shaping.adaptive=true \
+    "$@"
