@@ -29,7 +29,7 @@ for seed in $SEEDS; do
             *) echo "unknown config '$cfg'" >&2; exit 1 ;;
         esac
         run="$OUT/preset_$PRESET/seed$seed/$cfg"
-        [ -s "$run/metrics.jsonl" ] && grep -q '"step": '"${STEPS:-15}"',' "$run/metrics.jsonl" && continue
+        [ -s "$run/metrics.jsonl" ] && grep -q '"step":'"${STEPS:-15}"',' "$run/metrics.jsonl" && continue
         mkdir -p "$run"
         OUT_DIR="$run" STEPS="${STEPS:-15}" TEST_FREQ="${STEPS:-15}" SAVE_FREQ=1000 RESUME_MODE=disable N_RESPONSES=8 \
             bash "$ROOT/shells/cpu/$script" rollout_shaping.enable=true "${shaping[@]}" \
