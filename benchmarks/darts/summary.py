@@ -1,6 +1,7 @@
 """The table and plots of docs/darts.md from `benchmarks/darts/run.sh`'s runs.
 
     python benchmarks/darts/summary.py runs/darts [--plot docs/evidence/darts/curves.png]
+    python benchmarks/darts/summary.py docs/evidence/darts          # the committed raw logs (metrics.jsonl.gz)
 
 Per run (medians over steps 2..T: step 1 waits for the first batch): rollout wall time per step (verl's
 `timing_s/generate_async`, the generation of one batch), p50/p95 of kept response lengths, responses generated per
@@ -25,8 +26,8 @@ def _values(series, key, first=2):
     return [v for s, v in series.get(key, []) if s >= first]
 
 
-def summarize(run: Path) -> dict[str, float]:
-    m = read_log(run / "metrics.jsonl")
+def summarize(log: Path) -> dict[str, float]:
+    m = read_log(log)
     rewards = [v for _, v in m[REWARD]]
     steps = [v for _, v in m["timing_s/step"]]
     out = {"gen_s": statistics.median(_values(m, "timing_s/generate_async")),
@@ -50,15 +51,28 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float:
     return float("inf")
 
 
+def _cell(vals: list[float]) -> str:
+    """mean ± std over seeds; values that never happened (inf) are counted apart."""
+    finite = [v for v in vals if v != float("inf")]
+    never = f" (never in {len(vals) - len(finite)} of {len(vals)})" if len(finite) < len(vals) else ""
+    if not finite:
+        return "never" + never[6:] if len(vals) > 1 else "never"
+    mean = statistics.mean(finite)
+    return (f"{mean:.3f} ± {statistics.stdev(finite):.3f}" if len(finite) > 1 else f"{mean:.3f}") + never
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("root", type=Path)
     parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument("--steps", type=int, default=15, help="runs with fewer logged steps (unfinished) are left out")
     args = parser.parse_args()
     runs = {}
-    for log in sorted(args.root.glob("preset_*/seed*/*/metrics.jsonl")):
+    for log in sorted([*args.root.glob("preset_*/seed*/*/metrics.jsonl"), *args.root.glob("preset_*/seed*/*/metrics.jsonl.gz")]):
         preset, seed, cfg = log.parts[-4], log.parts[-3], log.parts[-2]
-        runs[(preset, cfg, seed)] = summarize(log.parent)
+        summary = summarize(log)
+        if summary["steps"] >= args.steps:
+            runs[(preset, cfg, seed)] = summary
     for (preset, cfg, seed), r in runs.items():
         base = runs.get((preset, "base", seed))
         r["time_to_base"] = time_to(r["curve"], base["final_reward"]) if base else float("nan")
@@ -70,9 +84,7 @@ def main() -> None:
     for (preset, cfg), rs in groups.items():
         cells = []
         for k in keys:
-            vals = [r[k] for r in rs]
-            mean = statistics.mean(vals)
-            cells.append(f"{mean:.3f} ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else f"{mean:.3f}")
+            cells.append(_cell([r[k] for r in rs]))
         print(f"| {preset} | {cfg} | {len(rs)} | " + " | ".join(cells) + " |")
     for (preset, cfg), rs in groups.items():
         base = groups.get((preset, "base"))

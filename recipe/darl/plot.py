@@ -7,6 +7,7 @@ accuracy and the main replay metrics against the training step, into one PNG.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from pathlib import Path
 
@@ -21,9 +22,11 @@ PANELS = [
 
 
 def read_log(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """metric -> [(step, value)] from verl's FileLogger lines {"step": s, "data": {...}}."""
+    """metric -> [(step, value)] from verl's FileLogger lines {"step": s, "data": {...}} (a .gz file: gzipped)."""
     series: dict[str, list[tuple[int, float]]] = {}
-    for line in Path(path).read_text().splitlines():
+    path = Path(path)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
         if not line.strip():
             continue
         record = json.loads(line)
