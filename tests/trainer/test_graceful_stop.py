@@ -146,6 +146,22 @@ class StandInRollouter:
         self.__ray_call__ = SimpleNamespace(remote=call)
 
 
+class StandInAggregator:
+    """verl's MetricsAggregator: steps' metrics in, their aggregate out once per sync cycle."""
+
+    def __init__(self):
+        self.pending: list[dict] = []
+
+    def add_step_metrics(self, metrics, **kw):
+        self.pending.append(dict(metrics))
+
+    def get_aggregated_metrics(self, **kw):
+        return {k: v for m in self.pending for k, v in m.items()}
+
+    def reset(self):
+        self.pending = []
+
+
 def fa_trainer(cfg, monkeypatch, deltas=None):
     trainer = make_fa_trainer(cfg, {} if deltas is None else deltas)
     monkeypatch.setattr(ray, "get", lambda x, **kw: x)  # the stand-ins answer directly, no Ray
@@ -153,7 +169,9 @@ def fa_trainer(cfg, monkeypatch, deltas=None):
     trainer.rollouter = StandInRollouter()
     trainer.local_trigger_step, trainer.last_ckpt_version, trainer.global_steps = 1, 0, 0
     trainer.max_steps_duration, trainer._stopping, trainer.required_samples = 0, False, 4
-    trainer.metrics_aggregator = SimpleNamespace(add_step_metrics=lambda **kw: None)
+    trainer.metrics_aggregator = StandInAggregator()
+    trainer.logger = SimpleNamespace(logged=[])
+    trainer.logger.log = lambda data, step: trainer.logger.logged.append((step, data))
     trainer.progress_bar = SimpleNamespace(update=lambda n: None, close=lambda: None)
     return trainer
 
@@ -192,6 +210,8 @@ def test_fully_async_stops_at_the_next_sync_with_a_checkpoint_and_ends_the_rollo
         assert f.read() == "1"
     assert not os.path.exists(request)
     assert trainer.rollouter.called == [fa._end_generation]
+    # the stop's own sync cycle is logged (verl logs a step's metrics at the next step, and the last after its loop)
+    assert [step for step, data in trainer.logger.logged if "actor/pg_loss" in data] == [1]
     out = capsys.readouterr().out
     assert "[D-ARL] stop request: checkpoint saved at parameter version 1 (trainer step 2)" in out
     assert ("saving one anyway" in out) == (save_freq <= 0)
