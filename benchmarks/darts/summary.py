@@ -96,18 +96,23 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        colors = dict(zip(["base", "fixed0", "adapt0", "fixed1", "adapt1"], ["k", "C0", "C3", "C2", "C1"]))
+        labelled = set()
         for (preset, cfg, seed), r in sorted(runs.items()):
             wall, xs = 0.0, []
             for step_s, _ in r["curve"]:
                 wall += step_s
                 xs.append(wall)
-            label = f"{cfg} ({preset}, {seed})"
-            ax1.plot(range(1, len(r["curve"]) + 1), [v for _, v in r["curve"]], label=label)
-            ax2.plot(xs, [v for _, v in r["curve"]], label=label)
+            style = dict(color=colors.get(cfg, "C4"), linestyle="-" if preset == "preset_on" else "--", linewidth=1)
+            label = None if (preset, cfg) in labelled else f"{cfg} ({preset.replace('_', ' ')})"
+            labelled.add((preset, cfg))
+            ax1.plot(range(1, len(r["curve"]) + 1), [v for _, v in r["curve"]], label=label, **style)
+            ax2.plot(xs, [v for _, v in r["curve"]], **style)
         ax1.set_xlabel("trainer step"); ax2.set_xlabel("wall time (s, sum of step times)")
         for ax in (ax1, ax2):
             ax.set_ylabel("training reward (digit share)")
-        ax2.legend(fontsize=6)
+        ax1.legend(fontsize=7)
+        fig.suptitle("DARTS on the long-tail CPU example (one line per seed)", fontsize=9)
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=110)
