@@ -118,27 +118,22 @@ def _worker_facts(worker):
     }
 
 
-def main(model_path: str) -> None:
+def start(model_path: str, rollout: tuple[str, ...] = HF_ROLLOUT):
+    """The config, Ray (CPU counts as GPUs for verl's pools), and the trainer worker group (FSDP2 on CPU), whose
+    process starts while the rollout comes up; returns (config, actor_wg). Shared with vllm_sync_check.py."""
     import ray
     import torch
+    from verl.experimental.separation.engine_workers import DetachActorWorker
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
     torch.set_num_threads(1)
-    config = make_config(model_path)
+    config = make_config(model_path, rollout)
     mark("config")
     ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": {k: os.environ[k] for k in ("VERL_PLATFORM", "OMP_NUM_THREADS",
                                                                    "VERL_USE_EXTERNAL_MODULES", "TOKENIZERS_PARALLELISM")
                                        if k in os.environ}})
     mark("ray_init")
-
-    from verl.checkpoint_engine import CheckpointEngineManager
-    from verl.experimental.separation.engine_workers import DetachActorWorker
-    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-    from verl.utils.config import omega_conf_to_dataclass
-    from verl.workers.rollout.llm_server import LLMServerManager
-
-    out = {}
-    # the trainer worker group (FSDP2 on CPU): its process starts while the rollout comes up
     pool = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=1, name_prefix="trainer_pool")
     actor_wg = RayWorkerGroup(
         resource_pool=pool,
@@ -146,8 +141,19 @@ def main(model_path: str) -> None:
                                                role="actor"),
         device_name="cpu",
     )
-    trainer = actor_wg.workers[0]
     mark("trainer_spawned")
+    return config, actor_wg
+
+
+def main(model_path: str) -> None:
+    import ray
+    from verl.checkpoint_engine import CheckpointEngineManager
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    config, actor_wg = start(model_path)
+    trainer = actor_wg.workers[0]
+    out = {}
 
     # 1. rollout servers, exactly as the one-step-off trainer builds them
     manager = LLMServerManager.create(config=config)

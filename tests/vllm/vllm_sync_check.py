@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 
@@ -36,10 +35,11 @@ from ray import cloudpickle  # noqa: E402
 cloudpickle.register_pickle_by_value(ray_sync_check)
 
 
-def make_config(model_path: str):
+def vllm_rollout() -> tuple[str, ...]:
+    """The rollout overrides of verl's vLLM server on CPU (ray_sync_check.make_config has the rest)."""
     from recipe.darl.cpu.vllm_rollout import cpu_vllm_overrides
 
-    return ray_sync_check.make_config(model_path, rollout=(*cpu_vllm_overrides(), "actor_rollout_ref.rollout.max_model_len=4096"))
+    return (*cpu_vllm_overrides(), "actor_rollout_ref.rollout.max_model_len=4096")
 
 
 def _worker_facts(worker):
@@ -77,32 +77,13 @@ def _rss_mb() -> dict:
 
 def main(model_path: str) -> None:
     import ray
-    import torch
-
-    torch.set_num_threads(1)
-    config = make_config(model_path)
-    mark("config")
-    ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=True,
-             runtime_env={"env_vars": {k: os.environ[k] for k in ("VERL_PLATFORM", "OMP_NUM_THREADS",
-                                                                   "TOKENIZERS_PARALLELISM") if k in os.environ}})
-    mark("ray_init")
-
     from verl.checkpoint_engine import CheckpointEngineManager
-    from verl.experimental.separation.engine_workers import DetachActorWorker
-    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.rollout.llm_server import LLMServerManager
 
-    out = {}
-    pool = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=1, name_prefix="trainer_pool")
-    actor_wg = RayWorkerGroup(
-        resource_pool=pool,
-        ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(DetachActorWorker), config=config.actor_rollout_ref,
-                                               role="actor"),
-        device_name="cpu",
-    )
+    config, actor_wg = ray_sync_check.start(model_path, vllm_rollout())
     trainer = actor_wg.workers[0]
-    mark("trainer_spawned")
+    out = {}
 
     # 1. rollout server, exactly as the one-step-off trainer builds it
     t = time.time()
