@@ -175,3 +175,31 @@ def test_fully_async_no_sample_within_the_timeout_is_an_error_naming_the_hung_se
         asyncio.run(trainer._get_samples_from_queue())
     assert str(e.value).startswith("collecting the samples of trainer step 6 (parameter version 5): no batch after 0.3 s")
     assert "hf://r/hf_server_0_0 (actor ffffffffffff): NOT ANSWERING within 0.2 s" in str(e.value)
+
+
+def test_one_step_off_weight_sync_to_a_dead_server_names_it_and_the_step(monkeypatch):
+    """The kill can land after the next batch was generated: the weight sync before the update finds the dead server."""
+    from recipe.darl.trainers import one_step_off as osp
+
+    trainer = osp.DarlTrainer.__new__(osp.DarlTrainer)
+    trainer.global_steps = 4
+    trainer.llm_server_manager = SimpleNamespace(server_handles=[Handle("ab" * 8, "dead")],
+                                                 server_addresses=["http://10.0.0.1:8000"])
+
+    def sync_to_dead_server(self):
+        raise ray.exceptions.ActorDiedError()
+
+    monkeypatch.setattr(osp.OneStepOffRayTrainer, "_fit_update_weights", sync_to_dead_server)
+    with pytest.raises(fr.RolloutServerError) as caught:
+        trainer._fit_update_weights()
+    text = str(caught.value)
+    assert text.startswith("syncing weights to the rollout at trainer step 4: a rollout server died (ActorDiedError)")
+    assert "http://10.0.0.1:8000 (actor abababababab): DEAD (ActorDiedError)" in text
+
+    def other_error(self):
+        raise ray.exceptions.RayTaskError("f", "traceback", ValueError("not a server"))
+
+    trainer.llm_server_manager.server_handles = [Handle("cd" * 8, "alive")]
+    monkeypatch.setattr(osp.OneStepOffRayTrainer, "_fit_update_weights", other_error)
+    with pytest.raises(ray.exceptions.RayTaskError):  # servers alive: not ours to rename
+        trainer._fit_update_weights()

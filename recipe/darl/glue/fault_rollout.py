@@ -46,6 +46,14 @@ async def server_states(handles: Sequence[Any], addresses: Sequence[str], timeou
     return list(await asyncio.gather(*(one(h, a) for h, a in zip(handles, addresses))))
 
 
+def server_states_now(handles: Sequence[Any], addresses: Sequence[str]) -> list[str]:
+    """`server_states` from synchronous code, also inside a running event loop (run in a thread of its own)."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, server_states(handles, addresses)).result()
+
+
 def generation_timeout(config) -> Optional[float]:
     faults = config.get("faults") or {}
     value = faults.get("generation_timeout_s")

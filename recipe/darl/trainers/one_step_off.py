@@ -6,14 +6,16 @@ With `replay.enable=false` this is verl's one-step-off trainer.
 from __future__ import annotations
 
 import os
+import time
 
+import ray
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
 from ..glue.darts_trainer import ShapingTrainerMixin
 from ..glue.fault_files import check_resume, guarded_verl_save
 from ..glue.fault_inject import fault_point
 from ..glue.fault_reward import RewardGuardMixin
-from ..glue.fault_rollout import generation_timeout, guard_generation
+from ..glue.fault_rollout import RolloutServerError, generation_timeout, guard_generation, server_states_now
 from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import BUFFER_FILE, ReplayStepMixin
 
@@ -64,6 +66,21 @@ class DarlTrainer(GracefulStopMixin, RewardGuardMixin, ShapingTrainerMixin, Repl
             what=f"generating the batch of trainer step {step} (rollout weights of step {step - 1})",
             timeout_s=generation_timeout(self.config), handles=getattr(manager, "server_handles", []),
             addresses=getattr(manager, "server_addresses", []))
+
+    def _fit_update_weights(self):
+        # a rollout server that died after its last batch: the weight sync, not a generation, finds it first
+        try:
+            return super()._fit_update_weights()
+        except ray.exceptions.RayError as e:
+            manager = getattr(self, "llm_server_manager", None)
+            states = server_states_now(getattr(manager, "server_handles", []), getattr(manager, "server_addresses", []))
+            if not any(": DEAD" in s for s in states) and not isinstance(e, ray.exceptions.RayActorError):
+                raise
+            print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died before the weight sync", flush=True)
+            raise RolloutServerError(
+                f"syncing weights to the rollout at trainer step {self.global_steps}: a rollout server died "
+                f"({type(e).__name__}); rollout servers:\n  " + "\n  ".join(states)
+                + "\nThe last checkpoint is intact: resume with trainer.resume_mode=auto") from e
 
     def _fit_update_actor(self, batch):
         fault_point("update", self.global_steps)
