@@ -51,10 +51,126 @@ def prompt_key(non_tensor: dict[str, np.ndarray], row: int) -> str:
     raise KeyError("rollout_shaping: a prompt row has no raw_prompt, raw_prompt_ids or index to key its EMA by")
 
 
+@dataclass
+class _Part:
+    """The rows of one group this worker generates: n kept of r, finishing order, tasks to abort."""
+
+    n: int
+    r: int
+    keep_last: int
+    running: set = field(default_factory=set)
+    finished: list = field(default_factory=list)  # id() of outputs, in finishing order
+    aborted: set = field(default_factory=set)
+
+
+class DartsAgentLoopWorker(AgentLoopWorker):
+    """verl's agent-loop worker generating r responses per group and keeping n (module docstring)."""
+
+    def __init__(self, config, llm_client, *args, **kwargs):
+        super().__init__(config, llm_client, *args, **kwargs)
+        self.keep_last = shaping_config(config).keep_last
+        self._parts: dict[str, _Part] = {}
+        acquire = llm_client._acquire_server
+
+        async def acquire_abortable(request_id: str, **extra):
+            server_id, handle = await acquire(request_id, **extra)
+            return server_id, _AbortOnCancel(handle)
+
+        llm_client._acquire_server = acquire_abortable
+
+    async def generate_sequences(self, batch):
+        if GROUP not in batch.non_tensor_batch or batch.meta_info.get("validate", False):
+            return await super().generate_sequences(batch)
+        groups, extra = batch.non_tensor_batch[GROUP], batch.non_tensor_batch[EXTRA]
+        rows = [i for i in range(len(batch)) for _ in range(1 + int(extra[i]))]
+        for key in dict.fromkeys(groups):
+            mine = [i for i in range(len(batch)) if groups[i] == key]
+            self._parts[key] = _Part(n=len(mine), r=sum(1 + int(extra[i]) for i in mine), keep_last=self.keep_last)
+        expanded = batch.select_idxs(np.array(rows))
+        expanded.meta_info = dict(batch.meta_info)
+        try:
+            return await super().generate_sequences(expanded)
+        finally:
+            for key in dict.fromkeys(groups):
+                self._parts.pop(key, None)
+
+    async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+        key = kwargs.pop(GROUP, None)
+        kwargs.pop(EXTRA, None)
+        part = self._parts.get(key) if key is not None else None
+        if part is None:
+            return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
+                                                 **kwargs)
+        task = asyncio.current_task()
+        part.running.add(task)
+        try:
+            output = await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
+                                                   **kwargs)
+        except asyncio.CancelledError:
+            if task in part.aborted:  # ours: the group has its n
+                task.uncancel()
+                return None
+            raise
+        finally:
+            part.running.discard(task)
+        part.finished.append(id(output))
+        if part.keep_last == 0 and len(part.finished) == part.n:
+            for other in list(part.running):
+                part.aborted.add(other)
+                other.cancel()
+        return output
+
+    def _postprocess(self, inputs, input_non_tensor_batch=None, validate=False):
+        if not input_non_tensor_batch or GROUP not in input_non_tensor_batch:
+            return super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch, validate=validate)
+        groups = input_non_tensor_batch[GROUP]
+        keep: list[int] = []
+        for key in dict.fromkeys(groups):
+            part = self._parts[key]
+            rows = [i for i in range(len(inputs)) if groups[i] == key]
+            rank = {id(inputs[i]): i for i in rows if inputs[i] is not None}
+            kept = sorted(rank[o] for o in dual_end_keep(part.finished, part.n, part.keep_last))
+            for i in kept:
+                inputs[i].extra_fields.update({
+                    "darts_generated": part.r / part.n, "darts_aborted": len(part.aborted) / part.n,
+                    "darts_dropped": (len(part.finished) - part.n) / part.n})
+            keep += kept
+        return super()._postprocess([inputs[i] for i in keep],
+                                    input_non_tensor_batch={k: v[keep] for k, v in input_non_tensor_batch.items()},
+                                    validate=validate)
+
+
+
+class _AbortOnCancel:
+    """A rollout server's handle whose `generate` aborts its request on the server when the caller is cancelled."""
+
+    def __init__(self, handle) -> None:
+        self._handle = handle
+
+    def __getattr__(self, name: str):
+        return getattr(self._handle, name)
+
+    @property
+    def generate(self) -> "_AbortOnCancel":
+        return self
+
+    def remote(self, **kwargs):
+        return _generate_or_abort(self._handle, kwargs)
+
+
+async def _generate_or_abort(handle, kwargs: dict):
+    ref = handle.generate.remote(**kwargs)
+    try:
+        return await ref
+    except asyncio.CancelledError:
+        handle.abort_request.remote(kwargs["request_id"], reset_prefix_cache=False)  # fire and forget
+        raise
+
+
 class DartsManagerMixin:
     """Plans r per group and observes the kept responses; for a subclass of verl's `AgentLoopManager`."""
 
-    agent_loop_workers_class = ray.remote(AgentLoopWorker)  # replaced below, once DartsAgentLoopWorker exists
+    agent_loop_workers_class = ray.remote(DartsAgentLoopWorker)  # verl's AgentLoopManager creates its workers from it
 
     def _init_shaping(self) -> None:
         self.shaping = shaping_config(self.config)
@@ -168,121 +284,3 @@ def install_in_rollouter(rollouter) -> bool:
     for worker in old:
         ray.kill(worker)
     return True
-
-
-@dataclass
-class _Part:
-    """The rows of one group this worker generates: n kept of r, finishing order, tasks to abort."""
-
-    n: int
-    r: int
-    keep_last: int
-    running: set = field(default_factory=set)
-    finished: list = field(default_factory=list)  # id() of outputs, in finishing order
-    aborted: set = field(default_factory=set)
-
-
-class DartsAgentLoopWorker(AgentLoopWorker):
-    """verl's agent-loop worker generating r responses per group and keeping n (module docstring)."""
-
-    def __init__(self, config, llm_client, *args, **kwargs):
-        super().__init__(config, llm_client, *args, **kwargs)
-        self.keep_last = shaping_config(config).keep_last
-        self._parts: dict[str, _Part] = {}
-        acquire = llm_client._acquire_server
-
-        async def acquire_abortable(request_id: str, **extra):
-            server_id, handle = await acquire(request_id, **extra)
-            return server_id, _AbortOnCancel(handle)
-
-        llm_client._acquire_server = acquire_abortable
-
-    async def generate_sequences(self, batch):
-        if GROUP not in batch.non_tensor_batch or batch.meta_info.get("validate", False):
-            return await super().generate_sequences(batch)
-        groups, extra = batch.non_tensor_batch[GROUP], batch.non_tensor_batch[EXTRA]
-        rows = [i for i in range(len(batch)) for _ in range(1 + int(extra[i]))]
-        for key in dict.fromkeys(groups):
-            mine = [i for i in range(len(batch)) if groups[i] == key]
-            self._parts[key] = _Part(n=len(mine), r=sum(1 + int(extra[i]) for i in mine), keep_last=self.keep_last)
-        expanded = batch.select_idxs(np.array(rows))
-        expanded.meta_info = dict(batch.meta_info)
-        try:
-            return await super().generate_sequences(expanded)
-        finally:
-            for key in dict.fromkeys(groups):
-                self._parts.pop(key, None)
-
-    async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
-        key = kwargs.pop(GROUP, None)
-        kwargs.pop(EXTRA, None)
-        part = self._parts.get(key) if key is not None else None
-        if part is None:
-            return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
-                                                 **kwargs)
-        task = asyncio.current_task()
-        part.running.add(task)
-        try:
-            output = await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
-                                                   **kwargs)
-        except asyncio.CancelledError:
-            if task in part.aborted:  # ours: the group has its n
-                task.uncancel()
-                return None
-            raise
-        finally:
-            part.running.discard(task)
-        part.finished.append(id(output))
-        if part.keep_last == 0 and len(part.finished) == part.n:
-            for other in list(part.running):
-                part.aborted.add(other)
-                other.cancel()
-        return output
-
-    def _postprocess(self, inputs, input_non_tensor_batch=None, validate=False):
-        if not input_non_tensor_batch or GROUP not in input_non_tensor_batch:
-            return super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch, validate=validate)
-        groups = input_non_tensor_batch[GROUP]
-        keep: list[int] = []
-        for key in dict.fromkeys(groups):
-            part = self._parts[key]
-            rows = [i for i in range(len(inputs)) if groups[i] == key]
-            rank = {id(inputs[i]): i for i in rows if inputs[i] is not None}
-            kept = sorted(rank[o] for o in dual_end_keep(part.finished, part.n, part.keep_last))
-            for i in kept:
-                inputs[i].extra_fields.update({
-                    "darts_generated": part.r / part.n, "darts_aborted": len(part.aborted) / part.n,
-                    "darts_dropped": (len(part.finished) - part.n) / part.n})
-            keep += kept
-        return super()._postprocess([inputs[i] for i in keep],
-                                    input_non_tensor_batch={k: v[keep] for k, v in input_non_tensor_batch.items()},
-                                    validate=validate)
-
-
-DartsManagerMixin.agent_loop_workers_class = ray.remote(DartsAgentLoopWorker)
-
-
-class _AbortOnCancel:
-    """A rollout server's handle whose `generate` aborts its request on the server when the caller is cancelled."""
-
-    def __init__(self, handle) -> None:
-        self._handle = handle
-
-    def __getattr__(self, name: str):
-        return getattr(self._handle, name)
-
-    @property
-    def generate(self) -> "_AbortOnCancel":
-        return self
-
-    def remote(self, **kwargs):
-        return _generate_or_abort(self._handle, kwargs)
-
-
-async def _generate_or_abort(handle, kwargs: dict):
-    ref = handle.generate.remote(**kwargs)
-    try:
-        return await ref
-    except asyncio.CancelledError:
-        handle.abort_request.remote(kwargs["request_id"], reset_prefix_cache=False)  # fire and forget
-        raise
