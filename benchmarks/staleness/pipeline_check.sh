@@ -1,57 +1,64 @@
 #!/usr/bin/env bash
-# The confirmation point of docs/evidence.md: the three CPU seed scripts through the verl pipeline
-# (one-step-off, s = 1, the same task and model as the harness), for each seed in SEEDS.
-#   bash benchmarks/staleness/pipeline_check.sh [OUT]      (default runs/pipeline; about 15 min per seed on 2 cores)
+# The study through what users run: the CPU seed scripts through verl's pipeline (Ray, FSDP2 trainer, hf rollout
+# server, weight sync), for each trainer in TRAINERS, config in CONFIGS and seed in SEEDS; then the report
+# (benchmarks/staleness/pipeline_report.py: tables, paired differences, figures).
+#   bash benchmarks/staleness/pipeline_check.sh [OUT]      (default runs/pipeline; about 4 min a run of 40 steps on 2 cores)
 #   SEEDS="0 1 2" STEPS=20 bash benchmarks/staleness/pipeline_check.sh runs/pipeline
-#   TASK=scarce CONFIGS="decoupled pmis_sg pmis_sg_success" SEEDS="0 1 2" STEPS=20 \
-#       bash benchmarks/staleness/pipeline_check.sh runs/pipeline-scarce     # the scarce regime
-# CONFIGS: seed-script suffixes (async, decoupled, pmis_sg), pmis_sg_success (the preset with replay.success=1), or
-# success_only (decoupled PPO plus success replay: no group replay, no m2 gate, no trust region).
-# A seed sets the rollout sampler (actor_rollout_ref.rollout.seed) and the data order (data.seed).
+#   TASK=scarce LR=1e-4 TRAINERS="one_step_off fully_async" CONFIGS="decoupled gates_only pmis_sg" SEEDS="0 1 2" \
+#       STEPS=40 bash benchmarks/staleness/pipeline_check.sh runs/pipeline-scarce     # the scarce regime (docs/evidence.md)
+# TRAINERS: one_step_off (samples one version old) and/or fully_async (STALENESS_THRESHOLD, default 2: up to 3 old).
+# CONFIGS: the seed scripts' suffixes (async = naive, decoupled, pmis_sg = the preset) and, as Hydra overrides on them:
+#   gates_only       the preset's controls without replay (replay.k=1: m2 gate + trust region on decoupled PPO)
+#   equal_update     decoupled PPO with two passes over each batch (actor.ppo_epochs=2)
+#   sync             decoupled PPO on-policy: fully_async with staleness_threshold 0, no partial rollout (fully_async only)
+#   pmis_sg_success  the preset plus success replay (replay.success=1)
+#   success_only     decoupled PPO plus success replay (no group replay, no m2 gate, no trust region)
+# A seed sets the rollout sampler (actor_rollout_ref.rollout.seed) and the data order (data.seed). Finished runs
+# (their last step logged) are skipped, so an interrupted study goes on where it stopped.
 set -euo pipefail
 OUT="$(realpath -m "${1:-runs/pipeline}")"
 mkdir -p "$OUT"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SEEDS="${SEEDS:-0}"
+TRAINERS="${TRAINERS:-one_step_off}"
 CONFIGS="${CONFIGS:-async decoupled pmis_sg}"
+STEPS="${STEPS:-30}"
 export TASK="${TASK:-arithmetic}"
 for seed in $SEEDS; do
-    for cfg in $CONFIGS; do
-        extra=()
-        script="$cfg"
-        if [ "$cfg" = pmis_sg_success ]; then script=pmis_sg; extra=(replay.success=1); fi
-        if [ "$cfg" = success_only ]; then
-            script=pmis_sg
-            extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false replay.behavior_clip=false
-                   replay.m2_budget=false replay.success=1)
-        fi
-        name="one_step_off_grpo_tiny_arith_cpu_replay_4_${script}"
-        [ -s "$OUT/seed$seed/$cfg/metrics.jsonl" ] && grep -q '"step": '"${STEPS:-30}"'' "$OUT/seed$seed/$cfg/metrics.jsonl" && continue
-        mkdir -p "$OUT/seed$seed"
-        OUT_DIR="$OUT/seed$seed/$cfg" STEPS="${STEPS:-30}" TEST_FREQ=10 SAVE_FREQ=1000 RESUME_MODE=disable \
-            bash "$ROOT/shells/cpu/$name.sh" actor_rollout_ref.rollout.seed=$((42 + seed)) data.seed=$seed "${extra[@]}" \
-            > "$OUT/seed$seed/$cfg.log" 2>&1 || { echo "$cfg seed $seed failed: $OUT/seed$seed/$cfg.log"; exit 1; }
-        echo "$cfg seed $seed done: $OUT/seed$seed/$cfg/metrics.jsonl"
+    for trainer in $TRAINERS; do
+        for cfg in $CONFIGS; do
+            extra=()
+            envs=()
+            script="$cfg"
+            case "$cfg" in
+                async|decoupled|pmis_sg) ;;
+                gates_only) script=pmis_sg; extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false) ;;
+                equal_update) script=decoupled; extra=(actor_rollout_ref.actor.ppo_epochs=2) ;;
+                sync)
+                    [ "$trainer" = fully_async ] || { echo "pipeline_check: sync runs under fully_async only (skipped for $trainer)"; continue; }
+                    script=decoupled; envs=(STALENESS_THRESHOLD=0 PARTIAL_ROLLOUT=false) ;;
+                pmis_sg_success) script=pmis_sg; extra=(replay.success=1) ;;
+                success_only)
+                    script=pmis_sg
+                    extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false replay.behavior_clip=false
+                           replay.m2_budget=false replay.success=1) ;;
+                *) echo "pipeline_check: unknown config '$cfg' in CONFIGS" >&2; exit 2 ;;
+            esac
+            case "$trainer" in
+                one_step_off|fully_async) ;;
+                *) echo "pipeline_check: unknown trainer '$trainer' in TRAINERS (one_step_off, fully_async)" >&2; exit 2 ;;
+            esac
+            dir="$OUT/$trainer/seed$seed"
+            [ -s "$dir/$cfg/metrics.jsonl" ] && grep -q "\"step\": *$STEPS[,}]" "$dir/$cfg/metrics.jsonl" && continue
+            rm -rf "${dir:?}/$cfg"
+            mkdir -p "$dir"
+            start=$(date +%s)
+            env "${envs[@]}" OUT_DIR="$dir/$cfg" STEPS="$STEPS" TEST_FREQ="${TEST_FREQ:-10}" SAVE_FREQ=1000 RESUME_MODE=disable \
+                bash "$ROOT/shells/cpu/${trainer}_grpo_tiny_arith_cpu_replay_4_${script}.sh" \
+                actor_rollout_ref.rollout.seed=$((42 + seed)) data.seed=$seed "${extra[@]}" \
+                > "$dir/$cfg.log" 2>&1 || { echo "$trainer $cfg seed $seed failed: $dir/$cfg.log"; exit 1; }
+            echo "$trainer $cfg seed $seed done in $(( $(date +%s) - start )) s: $dir/$cfg/metrics.jsonl"
+        done
     done
 done
-PYTHONPATH="$ROOT" CONFIGS="$CONFIGS" "${PYTHON:-$ROOT/.venv/bin/python}" - "$OUT" $SEEDS <<'PY'
-import os
-import statistics
-import sys
-from pathlib import Path
-from recipe.darl.demo import VAL_KEY
-from recipe.darl.plot import read_log
-out, seeds = Path(sys.argv[1]), sys.argv[2:]
-print("| config | seed | greedy val accuracy at step |\n|---|---|---|")
-finals = {}
-for cfg in os.environ["CONFIGS"].split():
-    for seed in seeds:
-        accs = read_log(out / f"seed{seed}" / cfg / "metrics.jsonl").get(VAL_KEY, [])
-        if accs:
-            finals.setdefault(cfg, []).append(accs[-1][1])
-        print(f"| {cfg} | {seed} | " + ", ".join(f"{s}: {a:.3f}" for s, a in accs) + " |")
-print("\n| config | final, mean ± std over seeds |\n|---|---|")
-for cfg, vals in finals.items():
-    std = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    print(f"| {cfg} | {statistics.mean(vals):.3f} ± {std:.3f} (n={len(vals)}) |")
-PY
+PYTHONPATH="$ROOT" "${PYTHON:-$ROOT/.venv/bin/python}" -m benchmarks.staleness.pipeline_report "$OUT"

@@ -1,0 +1,193 @@
+"""Tables and figures of the study through the verl pipeline (benchmarks/staleness/pipeline_check.sh).
+
+    python -m benchmarks.staleness.pipeline_report runs/pipeline-scarce                 # summary into the run folder
+    python -m benchmarks.staleness.pipeline_report runs/pipeline-scarce --archive docs/evidence/pipeline_scarce
+    python -m benchmarks.staleness.pipeline_report docs/evidence/pipeline_scarce/results.jsonl.gz \\
+        --out docs/evidence/pipeline_scarce                                             # again from the raw results
+
+A source is a run folder (TRAINER/seedS/CONFIG/metrics.jsonl, verl's file logger) or the archive
+`results.jsonl.gz` that `--archive` writes: one line per run, {"trainer", "config", "seed", "records": [verl's
+logged steps, trimmed to the keys in KEEP]}. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
+per trainer, greedy validation accuracy per seed, mean ± std, the paired difference to decoupled PPO and to
+`gates_only` (mean ± standard error over seeds), generated samples to reach the same seed's decoupled final
+accuracy, and the median step time over the second half of the run against decoupled's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.staleness.run_study import _curve, _mean_std, collapse_events, samples_to_reach
+from recipe.darl.demo import VAL_KEY
+
+STEP_TIME = "timing_s/step"
+KEEP = (VAL_KEY, STEP_TIME, "timing_s/gen", "critic/score/mean", "response_length/mean", "actor/pg_clipfrac",
+        "actor/grad_norm", "replay/", "fully_async/", "training/")
+PER_SOURCE = re.compile(r"/s\d+$")  # replay/*/sV: one key per behavior version, left out of the archive
+ORDER = ("sync", "async", "decoupled", "equal_update", "gates_only", "pmis_sg", "pmis_sg_success", "success_only")
+NAMES = {"async": "naive (PPO against mu)", "sync": "sync (decoupled, staleness 0)", "pmis_sg": "the preset",
+         "gates_only": "preset's controls, no replay", "equal_update": "decoupled, two passes",
+         "decoupled": "decoupled PPO", "pmis_sg_success": "preset + success replay",
+         "success_only": "decoupled + success replay"}
+
+
+def _trim(record: dict[str, Any]) -> dict[str, Any]:
+    data = {k: v for k, v in record["data"].items()
+            if any(k == p or (p.endswith("/") and k.startswith(p)) for p in KEEP) and not PER_SOURCE.search(k)}
+    return {"step": record["step"], "data": data}
+
+
+def load_runs(source: Path) -> list[dict[str, Any]]:
+    """Runs as {"trainer", "config", "seed", "records"} from a run folder or a results.jsonl.gz archive."""
+    source = Path(source)
+    if source.is_file():
+        return [json.loads(line) for line in gzip.decompress(source.read_bytes()).decode().splitlines() if line.strip()]
+    runs = []
+    for log in sorted(source.glob("*/seed*/*/metrics.jsonl")):
+        cfg_dir = log.parent
+        records = [_trim(json.loads(line)) for line in log.read_text().splitlines() if line.strip()]
+        runs.append({"trainer": cfg_dir.parent.parent.name, "config": cfg_dir.name,
+                     "seed": int(cfg_dir.parent.name[len("seed"):]), "records": records})
+    if not runs:
+        raise FileNotFoundError(f"pipeline_report: no TRAINER/seedS/CONFIG/metrics.jsonl under {source}")
+    return runs
+
+
+def as_result(run: dict[str, Any], samples_per_step: int) -> dict[str, Any]:
+    """One run as run_study's result shape: evals [{step, samples, wall, accuracy}], step times, finals."""
+    wall, walls, step_times, evals = 0.0, {0: 0.0}, [], []
+    for rec in sorted(run["records"], key=lambda r: r["step"]):
+        t = rec["data"].get(STEP_TIME)
+        if isinstance(t, (int, float)):
+            wall += t
+            step_times.append(float(t))
+        walls[rec["step"]] = wall
+        if VAL_KEY in rec["data"]:
+            evals.append({"step": rec["step"], "samples": rec["step"] * samples_per_step, "wall": wall,
+                          "accuracy": float(rec["data"][VAL_KEY])})
+    late = sorted(step_times[len(step_times) // 2:])
+    return {**{k: run[k] for k in ("trainer", "config", "seed")}, "evals": evals,
+            "initial_accuracy": evals[0]["accuracy"] if evals else float("nan"),
+            "final_accuracy": evals[-1]["accuracy"] if evals else float("nan"),
+            "step_time": late[len(late) // 2] if late else float("nan")}
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> str:
+    """Mean ± standard error over the seeds both have of a - b, and the per-seed differences."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return "-"
+    diffs = [a[s] - b[s] for s in seeds]
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    return f"{100 * statistics.mean(diffs):+.1f} ± {100 * se:.1f} ({', '.join(f'{100 * d:+.1f}' for d in diffs)})"
+
+
+def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128) -> str:
+    results = [as_result(r, samples_per_step) for r in runs]
+    trainers = sorted({r["trainer"] for r in results})
+    lines = ["# The study through the verl pipeline", "",
+             f"Greedy validation accuracy; {samples_per_step} generated samples a step; finals at the last evaluation.", ""]
+    for trainer in trainers:
+        cell = {}
+        for r in results:
+            if r["trainer"] == trainer:
+                cell.setdefault(r["config"], {})[r["seed"]] = r
+        configs = [c for c in ORDER if c in cell] + sorted(c for c in cell if c not in ORDER)
+        final = {c: {s: r["final_accuracy"] for s, r in cell[c].items()} for c in configs}
+        base = cell.get("decoupled", {})
+        base_time = statistics.median(r["step_time"] for r in base.values()) if base else float("nan")
+        lines += [f"## {trainer}", "",
+                  "| config | what | final per seed | final, mean ± std | best, mean | lowest after start | "
+                  "minus decoupled, points (paired, ± s.e.) | minus gates_only | samples to decoupled's final "
+                  "(per seed) | step time (s, median) / decoupled's |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for c in configs:
+            seeds = sorted(cell[c])
+            reach = []
+            for s in seeds:
+                if s in base and base[s]["evals"]:
+                    got = samples_to_reach(cell[c][s]["evals"], base[s]["final_accuracy"])
+                    total = base[s]["evals"][-1]["samples"]
+                    reach.append("-" if got is None else f"{got / total:.2f}x")
+            times = [cell[c][s]["step_time"] for s in seeds]
+            lines.append(
+                f"| `{c}` | {NAMES.get(c, c)} | {', '.join(f'{final[c][s]:.3f}' for s in seeds)} | "
+                f"{_mean_std(list(final[c].values()))} | "
+                f"{statistics.mean(max(e['accuracy'] for e in cell[c][s]['evals']) for s in seeds):.3f} | "
+                f"{statistics.mean(min(e['accuracy'] for e in cell[c][s]['evals'][1:] or cell[c][s]['evals']) for s in seeds):.3f} | "
+                f"{_paired(final[c], final.get('decoupled', {})) if c != 'decoupled' else '-'} | "
+                f"{_paired(final[c], final.get('gates_only', {})) if c != 'gates_only' else '-'} | "
+                f"{', '.join(reach) or '-'} | "
+                f"{statistics.median(times):.2f} / {statistics.median(times) / base_time:.2f}x |")
+        starts = sorted({round(r["initial_accuracy"], 4) for c in configs for r in cell[c].values()})
+        collapses = {c: sum(collapse_events(r["evals"]) for r in cell[c].values()) for c in configs}
+        lines += ["", f"Start accuracy (step 0): {', '.join(f'{s:.3f}' for s in starts)}. "
+                  f"Collapses (an evaluation 0.15 below an earlier best): "
+                  + ", ".join(f"{c} {n}" for c, n in collapses.items()) + ".", ""]
+        _plot(trainer, {c: list(cell[c].values()) for c in configs}, out)
+    text = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text(text + "\n")
+    return text
+
+
+def _plot(trainer: str, by_config: dict[str, list[dict[str, Any]]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    for axis, label in (("samples", "generated samples"), ("wall", "trainer time, sum of timing_s/step (s)")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for c, runs in by_config.items():
+            runs = [r for r in runs if r["evals"]]
+            if runs:
+                x, mean, std = _curve(runs, axis)
+                (line,) = ax.plot(x, mean, marker=".", label=f"{c} (n={len(runs)})")
+                ax.fill_between(x, mean - std, mean + std, alpha=0.12, color=line.get_color())
+        ax.set_xlabel(label)
+        ax.set_ylabel("greedy validation accuracy")
+        ax.set_title(f"verl pipeline, {trainer} (mean ± std over seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"accuracy_vs_{axis}_{trainer}.png", dpi=110)
+        plt.close(fig)
+
+
+def archive(runs: list[dict[str, Any]], dest: Path) -> Path:
+    """Writes the runs (trimmed to KEEP) as dest/results.jsonl.gz; mtime 0, so a rewrite of the same runs is byte-identical."""
+    dest.mkdir(parents=True, exist_ok=True)
+    runs = sorted(runs, key=lambda r: (r["trainer"], r["config"], r["seed"]))
+    body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in runs).encode()
+    path = dest / "results.jsonl.gz"
+    path.write_bytes(gzip.compress(body, mtime=0))
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("source", type=Path, help="a pipeline_check.sh output folder or a results.jsonl.gz archive")
+    p.add_argument("--out", type=Path, help="where summary.md and the figures go [the source folder, or the archive's]")
+    p.add_argument("--archive", type=Path, help="also write the runs as ARCHIVE/results.jsonl.gz (and the report there)")
+    p.add_argument("--samples-per-step", type=int, default=128, help="generated samples a step (prompts x group size)")
+    args = p.parse_args(argv)
+    runs = load_runs(args.source)
+    if args.archive:
+        print(f"archived {len(runs)} runs: {archive(runs, args.archive)}")
+    out = args.out or args.archive or (args.source if args.source.is_dir() else args.source.parent)
+    print(report(runs, out, args.samples_per_step))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
