@@ -1,0 +1,95 @@
+"""The pipeline study's report (benchmarks/staleness/pipeline_report.py) on hand-made verl logs, and the
+argument checks of pipeline_check.sh (they fail before anything starts)."""
+
+import gzip
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks.staleness.pipeline_report import archive, load_runs, main, report
+from recipe.darl.demo import VAL_KEY
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# final accuracies per (config, seed); evaluations at steps 0, 10, 20
+CURVES = {
+    ("decoupled", 0): [0.2, 0.3, 0.40], ("decoupled", 1): [0.2, 0.25, 0.30],
+    ("gates_only", 0): [0.2, 0.35, 0.45], ("gates_only", 1): [0.2, 0.30, 0.30],
+    ("pmis_sg", 0): [0.2, 0.42, 0.50], ("pmis_sg", 1): [0.2, 0.31, 0.36],
+}
+
+
+def _write_runs(root: Path) -> None:
+    for (cfg, seed), accs in CURVES.items():
+        d = root / "one_step_off" / f"seed{seed}" / cfg
+        d.mkdir(parents=True)
+        lines = []
+        for step in range(0, 21):
+            data = {"training/global_step": step, "replay/buffer_groups/s3": 1.0, "other/key": 5.0}
+            if step:
+                # the preset steps take 2 s, the others 1 s (so the step-time ratio is 2.00x)
+                data["timing_s/step"] = 2.0 if cfg == "pmis_sg" else 1.0
+            if step % 10 == 0:
+                data[VAL_KEY] = accs[step // 10]
+            lines.append(json.dumps({"step": step, "data": data}, separators=(",", ":")))
+        (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_report_by_hand(tmp_path):
+    _write_runs(tmp_path / "runs")
+    runs = load_runs(tmp_path / "runs")
+    assert len(runs) == 6
+    # the archive keeps the study's keys and drops per-version and unrelated ones
+    kept = runs[0]["records"][10]["data"]
+    assert VAL_KEY in kept and "timing_s/step" in kept and "training/global_step" in kept
+    assert "replay/buffer_groups/s3" not in kept and "other/key" not in kept
+
+    text = report(runs, tmp_path / "out", samples_per_step=100)
+    row = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+           for line in text.splitlines() if line.startswith("| `")}
+    # finals, mean ± std: pmis_sg 0.50, 0.36 -> 0.430 ± 0.099
+    assert row["`pmis_sg`"][2] == "0.500, 0.360" and row["`pmis_sg`"][3] == "0.430 ± 0.099"
+    # paired minus decoupled: +10, +6 points -> mean +8.0, s.e. = stdev(10, 6) / sqrt 2 = 2.0
+    assert row["`pmis_sg`"][6] == "+8.0 ± 2.0 (+10.0, +6.0)"
+    # minus gates_only: +5, +6 -> +5.5 ± 0.5
+    assert row["`pmis_sg`"][7] == "+5.5 ± 0.5 (+5.0, +6.0)"
+    # samples to the same seed's decoupled final (0.40 at step 20; 0.30 at step 20) over decoupled's 2,000:
+    # pmis_sg seed 0 reaches 0.40 at step 10 (0.50x), seed 1 reaches 0.30 at step 10 (0.50x);
+    # gates_only seed 0 first >= 0.40 at step 20 (1.00x), seed 1 at step 10 (0.50x)
+    assert row["`pmis_sg`"][8] == "0.50x, 0.50x"
+    assert row["`gates_only`"][8] == "1.00x, 0.50x"
+    assert row["`pmis_sg`"][9] == "2.00 / 2.00x" and row["`decoupled`"][9] == "1.00 / 1.00x"
+    assert (tmp_path / "out" / "summary.md").read_text().strip() == text.strip()
+    assert (tmp_path / "out" / "accuracy_vs_samples_one_step_off.png").stat().st_size > 0
+    assert (tmp_path / "out" / "accuracy_vs_wall_one_step_off.png").stat().st_size > 0
+
+
+def test_archive_round_trip_and_cli(tmp_path):
+    _write_runs(tmp_path / "runs")
+    assert main([str(tmp_path / "runs"), "--archive", str(tmp_path / "ev")]) == 0
+    path = tmp_path / "ev" / "results.jsonl.gz"
+    first = path.read_bytes()
+    assert len(gzip.decompress(first).decode().splitlines()) == 6
+    # the same runs archive to the same bytes (no timestamp in the gzip header)
+    archive(load_runs(tmp_path / "runs"), tmp_path / "ev")
+    assert path.read_bytes() == first
+    # the report from the archive is the report from the run folder
+    from_runs = (tmp_path / "ev" / "summary.md").read_text()
+    assert main([str(path), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "summary.md").read_text() == from_runs
+    with pytest.raises(FileNotFoundError, match="no TRAINER/seedS/CONFIG"):
+        load_runs(tmp_path / "empty-dir-that-is-not-there")
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"CONFIGS": "decoupld"}, "unknown config 'decoupld' in CONFIGS"),
+    ({"TRAINERS": "one_step"}, "unknown trainer 'one_step' in TRAINERS"),
+])
+def test_pipeline_check_rejects_unknown_names(tmp_path, env, message):
+    result = subprocess.run(["bash", str(ROOT / "benchmarks/staleness/pipeline_check.sh"), str(tmp_path / "out")],
+                            env={**os.environ, **env, "SEEDS": "0"}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
