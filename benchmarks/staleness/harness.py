@@ -110,6 +110,7 @@ class HarnessConfig:
     pool_size: int = 256  # the scarce task's prompt pool
     success: Any = False  # replay.success: correct responses kept per prompt (success replay); False: off
     success_max_age: Optional[int] = None
+    prompt_replay: Any = False  # replay.prompt_replay: responses kept per prompt (per-prompt replay, RePO); False: off
     eval_every: int = 20  # steps; 0: only at the start and the end
     val_size: int = 500
     eval_batch_size: int = 256
@@ -138,7 +139,8 @@ class HarnessConfig:
                             behavior_weight=self.behavior_weight, source_weight=self.source_weight,
                             clip_decay=self.clip_decay, stop_grad=self.stop_grad, order=self.order,
                             ratio=self.ratio, m2_budget=self.m2_budget, behavior_clip=self.behavior_clip,
-                            behavior_clip_high=self.behavior_clip_high, success=self.success, success_max_age=self.success_max_age)
+                            behavior_clip_high=self.behavior_clip_high, success=self.success, success_max_age=self.success_max_age,
+                            prompt_replay=self.prompt_replay)
 
     @property
     def name(self) -> str:
@@ -156,6 +158,8 @@ class HarnessConfig:
             parts.append(f"high{bclip[1]:g}")
         if self.success:
             parts.append(f"success{self.success}")
+        if self.prompt_replay:
+            parts.append(f"prompt{self.prompt_replay}")
         if not self.filter_zero_adv:
             parts.append("keep0adv")
         if not self.stop_grad:
@@ -368,6 +372,7 @@ class Harness:
             candidates = cands.candidates
             m["dropped_zero_adv"] = cands.dropped_zero_adv
             m["success_grafted"] = cands.grafted
+            m["history_groups"] = len(cands.history)
             m["warmup"] = float(cands.warmup)
         else:
             candidates = fresh

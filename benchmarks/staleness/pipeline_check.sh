@@ -13,6 +13,8 @@
 #   sync             decoupled PPO on-policy: fully_async with staleness_threshold 0, no partial rollout (fully_async only)
 #   pmis_sg_success  the preset plus success replay (replay.success=1)
 #   success_only     decoupled PPO plus success replay (no group replay, no m2 gate, no trust region)
+#   pmis_sg_prompt   the preset plus per-prompt replay (replay.prompt_replay=16: RePO's 2n responses kept per prompt)
+#   prompt_only      decoupled PPO plus per-prompt replay (no group replay, no m2 gate, no trust region)
 # A seed sets the rollout sampler (actor_rollout_ref.rollout.seed) and the data order (data.seed). Finished runs
 # (their last step logged) are skipped, so an interrupted study goes on where it stopped.
 set -euo pipefail
@@ -38,6 +40,11 @@ for seed in $SEEDS; do
                     [ "$trainer" = fully_async ] || { echo "pipeline_check: sync runs under fully_async only (skipped for $trainer)"; continue; }
                     script=decoupled; envs=(STALENESS_THRESHOLD=0 PARTIAL_ROLLOUT=false) ;;
                 pmis_sg_success) script=pmis_sg; extra=(replay.success=1) ;;
+                pmis_sg_prompt) script=pmis_sg; extra=(replay.prompt_replay=16) ;;
+                prompt_only)
+                    script=pmis_sg
+                    extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false replay.behavior_clip=false
+                           replay.m2_budget=false replay.prompt_replay=16) ;;
                 success_only)
                     script=pmis_sg
                     extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false replay.behavior_clip=false

@@ -192,3 +192,16 @@ def test_scarce_task_revisits_a_fixed_pool_and_success_replay_grafts_past_succes
     grafted = [m for m in history[2:] if m["success_grafted"]]
     # a grafted response is older than its group: the trained batch mixes versions
     assert any(m["trained_versions"] >= 2 and not m["skipped"] for m in grafted)
+
+
+def test_scarce_task_with_prompt_replay_trains_history_groups_of_returning_prompts(model_dir):
+    h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0, steps=6)
+    # pool of 8, 4 prompts a step: every prompt comes back at step 2 with its 4 responses of pass one stored
+    history = run_steps(h, 4)
+    assert [m["history_groups"] for m in history][:2] == [0, 0]
+    built = h.buffer.prompts.totals["history_groups"]
+    assert built == 8  # steps 2 and 3: one per fresh group (the digits reward is dense: groups differ)
+    # trained history groups hold the older version's responses: the trained batch mixes versions
+    assert any(m["trained_versions"] >= 2 for m in history[2:] if m["history_groups"] and not m["skipped"])
+    # two visits of 4 responses for each of the 8 prompts, cap 8 per prompt: all kept
+    assert h.buffer.stats()["history_responses"] == 8 * 8 and h.buffer.stats()["history_prompts"] == 8

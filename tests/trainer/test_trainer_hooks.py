@@ -302,3 +302,35 @@ def test_success_replay_grafts_a_past_success_into_an_all_wrong_group(replay_cfg
     assert adv.tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)], rel=1e-4)
     # two behavior versions in one group: the staleness metrics see both (step 2: s = 1 and s = 2)
     assert trainer.metrics["replay/staleness_max"] == 2 and trainer.metrics["replay/staleness_mean"] == 1.5
+
+
+def test_prompt_replay_trains_a_returning_prompts_history_as_its_own_grpo_group(replay_cfg, batch_maker):
+    import numpy as np
+
+    step1 = batch_maker(versions=[0], rewards=[[1, 0]], seed=11)
+    (a,) = uids(step1)
+    # the same prompt one step later, both responses wrong (zero advantage: dropped); its history is visit 1's
+    step2 = batch_maker(versions=[1], rewards=[[0, 0]], seed=11)
+    step2.non_tensor_batch["uid"] = np.array(["b", "b"], dtype=object)
+    step2.non_tensor_batch["min_global_steps"] = np.array([1, 1], dtype=object)
+    trainer = make_trainer(replay_cfg("replay.k=1", "replay.prompt_replay=2", design=()),
+                           {a: 0.0, "b": 0.0, "b:history": 0.0})
+    run_step(trainer, step1)
+    assert trainer.metrics["replay/history_groups"] == 0 and trainer.metrics["replay/history_responses"] == 2
+    run_step(trainer, step2)
+    assert trainer.metrics["replay/history_groups"] == 1 and trainer.metrics["replay/dropped_zero_adv"] == 1
+    trained = trainer.trained[-1]
+    assert uids(trained) == ["b:history"]
+    # the history group is visit 1's two responses, the success first: their tokens, log-probs, rewards, stamps
+    width = step1.batch["responses"].shape[1]
+    for row, src in ((0, 0), (1, 1)):
+        assert torch.equal(trained.batch["responses"][row, :width], step1.batch["responses"][src])
+        assert torch.equal(trained.batch["rollout_log_probs"][row], step1.batch["rollout_log_probs"][src])
+    assert trained.batch["token_level_scores"].sum(-1).tolist() == [1.0, 0.0]
+    assert list(trained.non_tensor_batch["min_global_steps"]) == [0, 0]
+    # verl's GRPO normalises it alone (RePO's split normalisation): +-1/sqrt(2)
+    adv = trained.batch["advantages"].sum(-1) / trained.batch["response_mask"].sum(-1)
+    assert adv.tolist() == pytest.approx([1 / math.sqrt(2), -1 / math.sqrt(2)], rel=1e-4)
+    assert trainer.metrics["replay/staleness_mean"] == 2  # step 2, both responses from version 0
+    # the history group never enters the buffer; visit 2's responses join the store (cap 2: visit 1's leave)
+    assert trainer.buffer.groups == [] and trainer.metrics["replay/history_responses"] == 2

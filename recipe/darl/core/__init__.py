@@ -6,6 +6,7 @@ Plain PyTorch: no Ray, no verl workers or trainer. The verl glue and the tests c
 from .buffer import EvictionStats, Group, ReplayBuffer, StepCandidates, gather_recorded
 from .config import ReplayConfig
 from .loss import darl_policy_loss
+from .prompt_replay import PromptStore, history_group
 from .scoring import finite_samples, group_scores, sample_chi2
 from .selection import Selection, group_multiple, reward_variance, select_for_step, select_groups
 from .success import Success, SuccessStore, graft
@@ -28,6 +29,8 @@ __all__ = [
     "group_multiple",
     "group_scores",
     "m2_gate",
+    "PromptStore",
+    "history_group",
     "sample_chi2",
     "reward_variance",
     "select_for_step",

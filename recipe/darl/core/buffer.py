@@ -22,6 +22,7 @@ import torch
 
 from .config import ReplayConfig
 from .packing import pack_rows, unpack_rows
+from .prompt_replay import PromptStore
 from .success import SuccessStore
 
 
@@ -145,6 +146,9 @@ class StepCandidates:
     step: int = -1  # the trainer step of `begin_step`
     arrived: list[Group] = field(default_factory=list)  # every fresh group, filtered or not
     grafted: int = 0  # fresh groups that took a stored success (`replay.success`)
+    # history groups (`replay.prompt_replay`): in `fresh` and `candidates` (trained like fresh ones), never buffered
+    history: list[Group] = field(default_factory=list)
+    history_zero_adv: int = 0  # history groups dropped for equal rewards
 
 
 @dataclass
@@ -166,16 +170,18 @@ class ReplayBuffer:
         max_groups: Optional[int] = None,
         success: int | bool = False,
         success_max_age: Optional[int] = None,
+        prompt_replay: int | bool = False,
     ) -> None:
         # ReplayConfig checks every value and names the key of any bad one
         ReplayConfig(k=k, warmup=warmup, filter_zero_adv=filter_zero_adv, max_reuse=max_reuse, max_groups=max_groups,
-                     success=success, success_max_age=success_max_age)
+                     success=success, success_max_age=success_max_age, prompt_replay=prompt_replay)
         self.k = k
         self.warmup = warmup
         self.filter_zero_adv = filter_zero_adv
         self.max_reuse = max_reuse
         self.max_groups = max_groups
         self.successes: Optional[SuccessStore] = SuccessStore(success, success_max_age) if success else None
+        self.prompts: Optional[PromptStore] = PromptStore(prompt_replay) if prompt_replay else None
         self.groups: list[Group] = []  # in arrival order
         self.recent_versions: list[int] = []  # the K most recent behavior versions seen, ascending
         self.steps_done = 0
@@ -185,7 +191,7 @@ class ReplayBuffer:
     @classmethod
     def from_config(cls, config: ReplayConfig) -> "ReplayBuffer":
         return cls(config.k, config.warmup, config.filter_zero_adv, config.resolved("max_reuse"), config.max_groups,
-                   config.success, config.success_max_age)
+                   config.success, config.success_max_age, config.prompt_replay)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -203,7 +209,8 @@ class ReplayBuffer:
 
         Stamps the fresh groups' arrival; with success replay, first grafts stored successes into fresh
         groups that have none (so they pass the zero-advantage filter). The buffer itself changes only
-        in `end_step`.
+        in `end_step`. With per-prompt replay, fresh groups whose prompt came back bring a history group
+        (core/prompt_replay.py), listed after the fresh ones; one with equal rewards is dropped.
         """
         grafted = self.successes.graft_into(fresh, step) if self.successes is not None else 0
         kept: list[Group] = []
@@ -215,23 +222,31 @@ class ReplayBuffer:
                 dropped += 1
             else:
                 kept.append(group)
+        history = self.prompts.history_groups(fresh) if self.prompts is not None else []
+        informative = [h for h in history if not h.zero_advantage]
+        kept += informative
         window = self.window_with([g.version for g in fresh])
         in_window = set(window)
         buffered = [] if self.in_warmup else [g for g in self.groups if g.version in in_window]
-        return StepCandidates(buffered + kept, kept, window, self.in_warmup, dropped, step, list(fresh), grafted)
+        return StepCandidates(buffered + kept, kept, window, self.in_warmup, dropped, step, list(fresh), grafted,
+                              informative, len(history) - len(informative))
 
     def end_step(self, cands: StepCandidates, trained: list[Group]) -> EvictionStats:
         """Counts reuse of `trained`, inserts the fresh groups, evicts by window, reuse and memory cap."""
         for group in trained:
             group.times_trained += 1
-        self.groups.extend(cands.fresh)
-        self.next_seq += len(cands.fresh) + cands.dropped_zero_adv
-        self.totals["inserted"] += len(cands.fresh)
+        history = {id(h) for h in cands.history}
+        arrived = [g for g in cands.fresh if id(g) not in history]
+        self.groups.extend(arrived)
+        self.next_seq += len(arrived) + cands.dropped_zero_adv
+        self.totals["inserted"] += len(arrived)
         self.totals["dropped_zero_adv"] += cands.dropped_zero_adv
         self.recent_versions = cands.window
         self.steps_done += 1
         if self.successes is not None:
             self.successes.add_from(cands.arrived, cands.step)
+        if self.prompts is not None:
+            self.prompts.add_from(cands.arrived, cands.step)
 
         stats = EvictionStats()
         in_window = set(self.recent_versions)
@@ -273,6 +288,7 @@ class ReplayBuffer:
             "reuse_max": max(reuse, default=0),
             "bytes": sum(g.nbytes() for g in self.groups),
             **({f"success_{k}": v for k, v in self.successes.stats().items()} if self.successes is not None else {}),
+            **({f"history_{k}": v for k, v in self.prompts.stats().items()} if self.prompts is not None else {}),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -286,6 +302,7 @@ class ReplayBuffer:
             "next_seq": self.next_seq,
             "totals": dict(self.totals),
             "successes": self.successes.state_dict() if self.successes is not None else None,
+            "prompts": self.prompts.state_dict() if self.prompts is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -301,6 +318,12 @@ class ReplayBuffer:
         elif self.successes is not None:
             raise ValueError("replay.success is on but the checkpoint's buffer has no success store "
                              "(saved with replay.success=false): resume with the same setting")
+        saved = state.get("prompts")
+        if self.prompts is not None and saved is not None:
+            self.prompts.load_state_dict(saved)
+        elif self.prompts is not None:
+            raise ValueError("replay.prompt_replay is on but the checkpoint's buffer has no prompt store "
+                             "(saved with replay.prompt_replay=false): resume with the same setting")
 
 
 def gather_recorded(groups: list[Group], width: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:

@@ -48,6 +48,7 @@ class ReplayConfig:
     behavior_clip_high: Optional[float | bool] = None  # its eps for A > 0; false: no bound on that side
     success: int | bool = False  # success replay: correct responses kept per prompt; false: off
     success_max_age: Optional[int] = None  # steps a stored success stays usable; null: no limit
+    prompt_replay: int | bool = False  # per-prompt replay (RePO): responses kept per prompt; false: off
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -104,6 +105,9 @@ class ReplayConfig:
             out.append(f"replay.success_max_age must be null or an integer >= 1, got {self.success_max_age!r}")
         elif self.success_max_age is not None and self.success is False:
             out.append("replay.success_max_age is set but replay.success is false: set replay.success=1 to use it")
+        if self.prompt_replay is not False and (not _is_int(self.prompt_replay) or self.prompt_replay < 2):
+            out.append(f"replay.prompt_replay must be false or an integer >= 2 (responses kept per prompt), "
+                       f"got {self.prompt_replay!r}")
         for name, low, high in (("ratio", 0.0, math.inf), ("m2_budget", 0.0, math.inf), ("behavior_clip", 0.0, 1.0)):
             value = getattr(self, name)
             if value is None or value is False:

@@ -86,6 +86,8 @@ def graft(group: Group, i: int, success: Success) -> None:
 class SuccessStore:
     """Per prompt, the `per_prompt` most recent correct responses, usable for `max_age` steps."""
 
+    only_correct = True  # what `add_from` keeps: correct responses (this store) or all of them (PromptStore)
+
     def __init__(self, per_prompt: int = 1, max_age: Optional[int] = None) -> None:
         from .config import ReplayConfig
 
@@ -113,12 +115,13 @@ class SuccessStore:
         return grafted
 
     def add_from(self, groups: list[Group], step: int) -> int:
-        """Stores the correct responses the groups' own policy generated (grafted ones are already stored);
-        drops those past `max_age`. Returns how many were stored."""
+        """Stores the correct responses (all of them unless `only_correct`) the groups' own policy generated
+        (grafted ones are already stored); drops those past `max_age`. Returns how many were stored."""
         stored = 0
         for group in groups:
             # grafted responses (another version) are already stored
-            own = ((group.rewards > 0) & (group.versions == group.version)).nonzero().flatten().tolist()
+            kept = (group.rewards > 0) if self.only_correct else torch.ones(group.n, dtype=torch.bool)
+            own = (kept & (group.versions == group.version)).nonzero().flatten().tolist()
             if not own:
                 continue
             entry = self.store.setdefault(group.prompt_key, [])

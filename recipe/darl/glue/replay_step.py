@@ -186,6 +186,7 @@ def replay_metrics(
     chosen = set(selection.selected)
     sel_groups = [groups[i] for i in selection.selected]
     trained = {id(g) for g in sel_groups}
+    history = {id(g) for g in cands.history}
     m: dict[str, float] = {
         "replay/candidates": len(groups),
         "replay/selected": len(sel_groups),
@@ -196,14 +197,18 @@ def replay_metrics(
         "replay/success_grafted": cands.grafted,
         # fresh groups the split's rounding left out of this step's update: they enter the buffer untrained
         # (reuse 0), so the preset's least-reused order replays them first while they are in the window
-        "replay/fresh_deferred": sum(1 for g in cands.fresh if id(g) not in trained),
+        "replay/fresh_deferred": sum(1 for g in cands.fresh if id(g) not in trained and id(g) not in history),
+        # per-prompt replay: history groups built (informative ones) and dropped for equal rewards
+        "replay/history_groups": len(cands.history),
+        "replay/history_zero_adv": cands.history_zero_adv,
         "replay/buffer_groups": buffer_stats["groups"],
         "replay/buffer_tokens": buffer_stats["tokens"],
         "replay/buffer_bytes": buffer_stats["bytes"],
         "replay/reuse_mean": buffer_stats["reuse_mean"],
         "replay/reuse_max": buffer_stats["reuse_max"],
     }
-    for key in ("success_prompts", "success_responses", "success_bytes"):
+    for key in ("success_prompts", "success_responses", "success_bytes", "history_prompts", "history_responses",
+                "history_bytes"):
         if key in buffer_stats:
             m[f"replay/{key}"] = buffer_stats[key]
     for name, count in evicted.items():

@@ -1,0 +1,89 @@
+"""Per-prompt replay (`replay.prompt_replay`, RePO): a returning prompt's past responses form a group of their own.
+
+RePO (Li et al. 2025, arXiv 2506.09340) keeps each prompt's most recent responses; when the prompt comes back,
+the best of them are trained beside its fresh group. Its released recipe (Qwen3-1.7B, 8 fresh + 8 replayed per
+prompt, `highest_k`, `adv_norm_mode=split`) normalises the replayed responses' advantages among themselves.
+Here, with fixed group size n: the store keeps the `per_prompt` most recent responses the prompt's own policy
+generated; a fresh group whose prompt has at least n stored gets a history group: the n stored responses with
+the highest reward (ties: newest first), each with its own behavior version and rollout log-probs, under its own
+uid, so GRPO normalises it alone (RePO's "split"). The step trains it like a fresh group (replayed groups never
+displace it); it is not put in the buffer (its responses are in the store already), and one whose rewards are
+all equal is dropped (no advantage). The multi-behavior objective weighs each response against its own
+behavior policy, as for a grafted success. Plain PyTorch, no Ray: the buffer calls it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .success import GROUP_FIELDS, VERSION_FIELDS, Success, SuccessStore
+
+if TYPE_CHECKING:  # the buffer imports this module
+    from .buffer import Group
+
+HISTORY_SUFFIX = ":history"  # appended to the fresh group's uid
+
+
+class PromptStore(SuccessStore):
+    """Per prompt, the `per_prompt` most recent responses of any reward (the success store's bookkeeping)."""
+
+    only_correct = False
+
+    def __init__(self, per_prompt: int) -> None:
+        from .config import ReplayConfig
+
+        ReplayConfig(prompt_replay=per_prompt)  # names the key of a bad value
+        self.per_prompt = per_prompt
+        self.max_age = None
+        self.store = {}
+        self.totals = {"stored": 0, "grafted": 0, "expired": 0, "history_groups": 0}
+
+    def history_groups(self, fresh: list[Group]) -> list[Group]:
+        """One history group per fresh group whose prompt has at least n responses stored (from earlier
+        steps: call before `add_from` of this step), each stamped with its fresh group's arrival."""
+        out = []
+        for group in fresh:
+            stored = self.store.get(group.prompt_key, [])
+            if group.n < 2 or len(stored) < group.n:
+                continue
+            newest_first = list(reversed(stored))
+            picks = sorted(newest_first, key=lambda s: -s.reward)[: group.n]  # stable: ties stay newest first
+            out.append(history_group(group, picks))
+        self.totals["history_groups"] += len(out)
+        return out
+
+
+def history_group(fresh: Group, picks: list[Success]) -> Group:
+    """A group of the stored responses `picks` ([n]) to the prompt of `fresh`: fresh's prompt and per-prompt
+    fields, each response's own tokens, log-probs, reward, version and per-sample fields, uid `fresh.uid:history`."""
+    from .buffer import Group
+
+    versions = torch.tensor([s.version for s in picks], dtype=torch.int64)
+    uid = fresh.uid + HISTORY_SUFFIX
+    non_tensors = {}
+    for key, values in fresh.non_tensors.items():
+        values = values.copy()
+        for i, s in enumerate(picks):
+            if key in GROUP_FIELDS:
+                values[i] = uid
+            elif key in VERSION_FIELDS:
+                values[i] = s.version
+            elif key in s.non_tensors:
+                values[i] = s.non_tensors[key]
+        non_tensors[key] = values
+    return Group(
+        uid=uid,
+        version=int(versions.max()),
+        prompt_ids=fresh.prompt_ids.clone(),
+        response_ids=torch.cat([s.response_ids for s in picks]).to(torch.int32),
+        response_mask=torch.cat([s.response_mask for s in picks]).bool(),
+        lengths=torch.tensor([s.length for s in picks], dtype=torch.int32),
+        rollout_log_probs=torch.cat([s.rollout_log_probs for s in picks]).float(),
+        rewards=torch.tensor([s.reward for s in picks], dtype=torch.float32),
+        non_tensors=non_tensors,
+        arrival_step=fresh.arrival_step,
+        seq=fresh.seq,
+        sample_versions=versions,
+    )
