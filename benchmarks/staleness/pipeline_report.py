@@ -115,7 +115,7 @@ def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128) -
             seeds = sorted(cell[c])
             reach = []
             for s in seeds:
-                if s in base and base[s]["evals"]:
+                if s in base and base[s]["evals"] and base[s]["evals"][-1]["samples"]:
                     got = samples_to_reach(cell[c][s]["evals"], base[s]["final_accuracy"])
                     total = base[s]["evals"][-1]["samples"]
                     reach.append("-" if got is None else f"{got / total:.2f}x")
