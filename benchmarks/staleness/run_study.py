@@ -252,6 +252,7 @@ def _plots(by_cell, stalenesses, methods, out: Path) -> None:
     warnings.filterwarnings("ignore", message="Mean of empty slice")
 
     def curves(ax, s, names, axis):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)  # more methods than the default cycle's 10 colors
         for m in names:
             runs = by_cell.get((cell_staleness(m, s) if m in METHODS else s, m), [])
             if runs:
