@@ -94,9 +94,16 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> str:
 
 def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128) -> str:
     results = [as_result(r, samples_per_step) for r in runs]
+    # a run still going (or cut short) has not reached the study's last evaluation: left out, and named
+    last = max((r["evals"][-1]["step"] for r in results if r["evals"]), default=0)
+    partial = [r for r in results if not r["evals"] or r["evals"][-1]["step"] < last]
+    results = [r for r in results if r not in partial]
     trainers = sorted({r["trainer"] for r in results})
     lines = ["# The study through the verl pipeline", "",
-             f"Greedy validation accuracy; {samples_per_step} generated samples a step; finals at the last evaluation.", ""]
+             f"Greedy validation accuracy; {samples_per_step} generated samples a step; finals at the last evaluation "
+             f"(step {last})."
+             + (" Not finished, left out: " + ", ".join(f"{r['trainer']}/{r['config']}/seed {r['seed']}" for r in partial)
+                + "." if partial else ""), ""]
     for trainer in trainers:
         cell = {}
         for r in results:

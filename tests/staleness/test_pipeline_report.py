@@ -67,6 +67,16 @@ def test_report_by_hand(tmp_path):
     assert (tmp_path / "out" / "accuracy_vs_wall_one_step_off.png").stat().st_size > 0
 
 
+def test_a_run_still_going_is_left_out_and_named(tmp_path):
+    _write_runs(tmp_path / "runs")
+    d = tmp_path / "runs" / "one_step_off" / "seed0" / "async"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text(json.dumps({"step": 0, "data": {VAL_KEY: 0.2}}) + "\n")
+    text = report(load_runs(tmp_path / "runs"), tmp_path / "out")
+    assert "(step 20). Not finished, left out: one_step_off/async/seed 0." in text
+    assert "`async`" not in text and "`pmis_sg`" in text
+
+
 def test_archive_round_trip_and_cli(tmp_path):
     _write_runs(tmp_path / "runs")
     assert main([str(tmp_path / "runs"), "--archive", str(tmp_path / "ev")]) == 0
