@@ -96,7 +96,8 @@ def test_the_store_survives_a_checkpoint_and_a_mismatched_resume_is_an_error():
     (hist,) = again.begin_step([group("b", 2, [0.0, 0.0])], 2).history
     assert hist.rewards.tolist() == [1.0, 0.0]
     without = ReplayBuffer(k=1, warmup=0)
-    without.load_state_dict(state)  # the store is dropped with the switch off
+    with pytest.warns(UserWarning, match="replay.prompt_replay is off now: it is dropped"):
+        without.load_state_dict(state)
     with pytest.raises(ValueError, match="replay.prompt_replay is on but the checkpoint"):
         ReplayBuffer(k=1, warmup=0, prompt_replay=3).load_state_dict(without.state_dict())
 

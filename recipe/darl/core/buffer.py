@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -312,18 +313,15 @@ class ReplayBuffer:
         self.steps_done = int(state["steps_done"])
         self.next_seq = int(state["next_seq"])
         self.totals = dict(state["totals"])
-        saved = state.get("successes")
-        if self.successes is not None and saved is not None:
-            self.successes.load_state_dict(saved)
-        elif self.successes is not None:
-            raise ValueError("replay.success is on but the checkpoint's buffer has no success store "
-                             "(saved with replay.success=false): resume with the same setting")
-        saved = state.get("prompts")
-        if self.prompts is not None and saved is not None:
-            self.prompts.load_state_dict(saved)
-        elif self.prompts is not None:
-            raise ValueError("replay.prompt_replay is on but the checkpoint's buffer has no prompt store "
-                             "(saved with replay.prompt_replay=false): resume with the same setting")
+        for store, name, key in ((self.successes, "successes", "success"), (self.prompts, "prompts", "prompt_replay")):
+            if store is None:
+                if state.get(name) is not None:
+                    warnings.warn(f"the checkpoint's buffer has a {name} store, replay.{key} is off now: it is dropped")
+                continue
+            if state.get(name) is None:
+                raise ValueError(f"replay.{key} is on but the checkpoint's buffer has no {name} store "
+                                 f"(saved with replay.{key}=false): resume with the same setting")
+            store.load_state_dict(state[name])
 
 
 def gather_recorded(groups: list[Group], width: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
