@@ -18,6 +18,7 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
     assert problems(compose_config(*REPLAY_ON, "replay.k=4", "algorithm.rollout_is=true")) == []
     # the earlier two-sided trust region is one flag through Hydra
     assert problems(compose_config(*REPLAY_ON, "replay.behavior_clip_high=0.2")) == []
+    assert problems(compose_config(*REPLAY_ON, "replay.prompt_replay=16", "replay.success=2")) == []
 
 
 @pytest.mark.parametrize(
@@ -46,6 +47,9 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
         (("algorithm.rollout_correction.rollout_is=token",), "bypass_mode=true with rollout_is"),
         (REPLAY_ON + ("replay.max_score=1.0", "replay.pmis=false"), "replay.max_score"),
         (REPLAY_ON + ("replay.behavior_clip_high=0.3", "replay.behavior_clip=false"), "replay.behavior_clip_high"),
+        (REPLAY_ON + ("replay.prompt_replay=1",), "replay.prompt_replay must be false or an integer >= 2"),
+        (("replay.prompt_replay=16",), "replay.prompt_replay=16 needs replay.enable=true"),
+        (("replay.success=1",), "replay.success=1 needs replay.enable=true"),
     ],
 )
 def test_each_problem_names_its_key(compose_config, overrides, key):

@@ -103,7 +103,12 @@ def check_config(cfg: DictConfig) -> list[str]:
             problems.append(f"replay stores whole groups for a group-relative estimator; algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} is not one")
         if arr.actor.get("shuffle", False):
             problems.append("actor_rollout_ref.actor.shuffle=true: D-ARL's per-mini-batch source weights need verl's sequential mini-batches; set it false")
-    elif bypass and (corr.get("rollout_is") is not None or corr.get("rollout_rs") is not None or corr.get("loss_type", "ppo_clip") != "ppo_clip"):
+    else:
+        for key in ("success", "prompt_replay"):
+            if replay_values.get(key, False) is not False:
+                problems.append(f"replay.{key}={replay_values[key]!r} needs replay.enable=true (the stores live in the "
+                                "replay buffer); with replay.enable=false it would be ignored")
+    if not enabled and bypass and (corr.get("rollout_is") is not None or corr.get("rollout_rs") is not None or corr.get("loss_type", "ppo_clip") != "ppo_clip"):
         problems.append("algorithm.rollout_correction.bypass_mode=true with rollout_is/rollout_rs/loss_type set: verl 0.9.1 "
                         "binds the worker's loss at init and would silently ignore them; use bypass_mode=false (decoupled)")
 
