@@ -28,6 +28,7 @@ scarce --staleness 4 --methods naive sync equal_update
 scarce --staleness 4 --methods success_only m2_success m2_only
 # per-prompt replay (RePO) on the preset and on decoupled PPO alone
 scarce --staleness 4 --methods darl_prompt prompt_only
+scarce --staleness 8 --methods decoupled darl darl_prompt gates_only
 scarce --report-only
 # the same regime through what users run: the CPU seed scripts through verl's two trainers (Ray, FSDP2, hf rollout)
 PIPELINE_STEPS="${PIPELINE_STEPS:-$(( STEPS < 40 ? STEPS : 40 ))}"
