@@ -274,15 +274,20 @@ def test_preset_m2_gate_masks_the_drifted_tokens(replay_cfg, batch_maker):
     assert trainer.metrics["replay/m2_gated_fraction"] == pytest.approx(share)
 
 
-def test_success_replay_grafts_a_past_success_into_an_all_wrong_group(replay_cfg, batch_maker):
+def _same_prompt_twice(batch_maker):
+    """Step 1: one group with rewards (1, 0) from version 0; step 2: the same prompt one step later, both responses
+    wrong, a new group (uid "b") from version 1. Returns step 1, its uid, step 2."""
     import numpy as np
 
     step1 = batch_maker(versions=[0], rewards=[[1, 0]], seed=11)
-    (a,) = uids(step1)
-    # the same prompt one step later, both responses wrong: a new group (uid) from version 1
     step2 = batch_maker(versions=[1], rewards=[[0, 0]], seed=11)
     step2.non_tensor_batch["uid"] = np.array(["b", "b"], dtype=object)
     step2.non_tensor_batch["min_global_steps"] = np.array([1, 1], dtype=object)
+    return step1, uids(step1)[0], step2
+
+
+def test_success_replay_grafts_a_past_success_into_an_all_wrong_group(replay_cfg, batch_maker):
+    step1, a, step2 = _same_prompt_twice(batch_maker)
     trainer = make_trainer(replay_cfg("replay.k=1", "replay.success=1", design=()), {a: 0.0, "b": 0.0})
     run_step(trainer, step1)
     assert trainer.metrics["replay/success_grafted"] == 0 and trainer.metrics["replay/success_responses"] == 1
@@ -305,14 +310,8 @@ def test_success_replay_grafts_a_past_success_into_an_all_wrong_group(replay_cfg
 
 
 def test_prompt_replay_trains_a_returning_prompts_history_as_its_own_grpo_group(replay_cfg, batch_maker):
-    import numpy as np
-
-    step1 = batch_maker(versions=[0], rewards=[[1, 0]], seed=11)
-    (a,) = uids(step1)
-    # the same prompt one step later, both responses wrong (zero advantage: dropped); its history is visit 1's
-    step2 = batch_maker(versions=[1], rewards=[[0, 0]], seed=11)
-    step2.non_tensor_batch["uid"] = np.array(["b", "b"], dtype=object)
-    step2.non_tensor_batch["min_global_steps"] = np.array([1, 1], dtype=object)
+    # step 2's group has zero advantage (dropped); its history is step 1's two responses
+    step1, a, step2 = _same_prompt_twice(batch_maker)
     trainer = make_trainer(replay_cfg("replay.k=1", "replay.prompt_replay=2", design=()),
                            {a: 0.0, "b": 0.0, "b:history": 0.0})
     run_step(trainer, step1)
