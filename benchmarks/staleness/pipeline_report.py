@@ -65,13 +65,12 @@ def load_runs(source: Path) -> list[dict[str, Any]]:
 
 def as_result(run: dict[str, Any], samples_per_step: int) -> dict[str, Any]:
     """One run as run_study's result shape: evals [{step, samples, wall, accuracy}], step times, finals."""
-    wall, walls, step_times, evals = 0.0, {0: 0.0}, [], []
+    wall, step_times, evals = 0.0, [], []
     for rec in sorted(run["records"], key=lambda r: r["step"]):
         t = rec["data"].get(STEP_TIME)
         if isinstance(t, (int, float)):
             wall += t
             step_times.append(float(t))
-        walls[rec["step"]] = wall
         if VAL_KEY in rec["data"]:
             evals.append({"step": rec["step"], "samples": rec["step"] * samples_per_step, "wall": wall,
                           "accuracy": float(rec["data"][VAL_KEY])})

@@ -237,10 +237,10 @@ class ReplayBuffer:
         for group in trained:
             group.times_trained += 1
         history = {id(h) for h in cands.history}
-        arrived = [g for g in cands.fresh if id(g) not in history]
-        self.groups.extend(arrived)
-        self.next_seq += len(arrived) + cands.dropped_zero_adv
-        self.totals["inserted"] += len(arrived)
+        new = [g for g in cands.fresh if id(g) not in history]  # history groups are never buffered
+        self.groups.extend(new)
+        self.next_seq += len(new) + cands.dropped_zero_adv
+        self.totals["inserted"] += len(new)
         self.totals["dropped_zero_adv"] += cands.dropped_zero_adv
         self.recent_versions = cands.window
         self.steps_done += 1

@@ -32,13 +32,14 @@ class PromptStore(SuccessStore):
     only_correct = False
 
     def __init__(self, per_prompt: int) -> None:
+        super().__init__(per_prompt, max_age=None)
+        self.totals["history_groups"] = 0
+
+    @staticmethod
+    def _check(per_prompt: int, max_age: None) -> None:
         from .config import ReplayConfig
 
         ReplayConfig(prompt_replay=per_prompt)  # names the key of a bad value
-        self.per_prompt = per_prompt
-        self.max_age = None
-        self.store = {}
-        self.totals = {"stored": 0, "grafted": 0, "expired": 0, "history_groups": 0}
 
     def history_groups(self, fresh: list[Group]) -> list[Group]:
         """One history group per fresh group whose prompt has at least n responses stored (from earlier

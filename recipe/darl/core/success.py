@@ -89,13 +89,17 @@ class SuccessStore:
     only_correct = True  # what `add_from` keeps: correct responses (this store) or all of them (PromptStore)
 
     def __init__(self, per_prompt: int = 1, max_age: Optional[int] = None) -> None:
-        from .config import ReplayConfig
-
-        ReplayConfig(success=per_prompt, success_max_age=max_age)  # names the key of a bad value
+        self._check(per_prompt, max_age)
         self.per_prompt = per_prompt
         self.max_age = max_age
         self.store: dict[str, list[Success]] = {}  # prompt key -> newest last
         self.totals = {"stored": 0, "grafted": 0, "expired": 0}
+
+    @staticmethod
+    def _check(per_prompt: int, max_age: Optional[int]) -> None:
+        from .config import ReplayConfig
+
+        ReplayConfig(success=per_prompt, success_max_age=max_age)  # names the key of a bad value
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.store.values())
