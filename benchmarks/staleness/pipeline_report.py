@@ -4,9 +4,12 @@
     python -m benchmarks.staleness.pipeline_report runs/pipeline-scarce --archive docs/evidence/pipeline_scarce
     python -m benchmarks.staleness.pipeline_report docs/evidence/pipeline_scarce/results.jsonl.gz \\
         --out docs/evidence/pipeline_scarce                                             # again from the raw results
+    python -m benchmarks.staleness.pipeline_report docs/evidence/pipeline_scarce/results.jsonl.gz runs/pipeline-sync \\
+        --archive docs/evidence/pipeline_scarce                                         # add a later study's runs
 
 A source is a run folder (TRAINER/seedS/CONFIG/metrics.jsonl, verl's file logger) or the archive
-`results.jsonl.gz` that `--archive` writes: one line per run, {"trainer", "config", "seed", "records": [verl's
+`results.jsonl.gz` that `--archive` writes (several sources are merged; a run of a later source replaces one with
+the same trainer, config and seed): one line per run, {"trainer", "config", "seed", "records": [verl's
 logged steps, trimmed to the keys in KEEP]}. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
 per trainer, greedy validation accuracy per seed, mean ± std, the paired difference to decoupled PPO and to
 `gates_only` (mean ± standard error over seeds), generated samples to reach the same seed's decoupled final
@@ -61,6 +64,15 @@ def load_runs(source: Path) -> list[dict[str, Any]]:
     if not runs:
         raise FileNotFoundError(f"pipeline_report: no TRAINER/seedS/CONFIG/metrics.jsonl under {source}")
     return runs
+
+
+def merge_runs(sources: list[Path]) -> list[dict[str, Any]]:
+    """The runs of every source; a later source's run replaces an earlier one of the same trainer, config and seed."""
+    runs: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for source in sources:
+        for run in load_runs(source):
+            runs[(run["trainer"], run["config"], run["seed"])] = run
+    return list(runs.values())
 
 
 def as_result(run: dict[str, Any], samples_per_step: int) -> dict[str, Any]:
@@ -184,15 +196,17 @@ def archive(runs: list[dict[str, Any]], dest: Path) -> Path:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("source", type=Path, help="a pipeline_check.sh output folder or a results.jsonl.gz archive")
+    p.add_argument("source", type=Path, nargs="+",
+                   help="pipeline_check.sh output folders or results.jsonl.gz archives (merged; later ones win)")
     p.add_argument("--out", type=Path, help="where summary.md and the figures go [the source folder, or the archive's]")
     p.add_argument("--archive", type=Path, help="also write the runs as ARCHIVE/results.jsonl.gz (and the report there)")
     p.add_argument("--samples-per-step", type=int, default=128, help="generated samples a step (prompts x group size)")
     args = p.parse_args(argv)
-    runs = load_runs(args.source)
+    runs = merge_runs(args.source)
     if args.archive:
         print(f"archived {len(runs)} runs: {archive(runs, args.archive)}")
-    out = args.out or args.archive or (args.source if args.source.is_dir() else args.source.parent)
+    first = args.source[0]
+    out = args.out or args.archive or (first if first.is_dir() else first.parent)
     print(report(runs, out, args.samples_per_step))
     return 0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.staleness.pipeline_report import archive, load_runs, main, report
+from benchmarks.staleness.pipeline_report import archive, load_runs, main, merge_runs, report
 from recipe.darl.demo import VAL_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +92,30 @@ def test_archive_round_trip_and_cli(tmp_path):
     assert (tmp_path / "again" / "summary.md").read_text() == from_runs
     with pytest.raises(FileNotFoundError, match="no TRAINER/seedS/CONFIG"):
         load_runs(tmp_path / "empty-dir-that-is-not-there")
+
+
+def test_sources_merge_and_a_later_run_replaces_an_earlier(tmp_path):
+    _write_runs(tmp_path / "runs")
+    assert main([str(tmp_path / "runs"), "--archive", str(tmp_path / "ev")]) == 0
+    # a later study: a new config (sync, seed 0) and a rerun of decoupled seed 1 that ends at 0.20 instead of 0.30
+    later = tmp_path / "later" / "one_step_off"
+    for cfg, seed, final in (("sync", 0, 0.33), ("decoupled", 1, 0.20)):
+        d = later / f"seed{seed}" / cfg
+        d.mkdir(parents=True)
+        d.joinpath("metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, "data": {VAL_KEY: a, "timing_s/step": 1.0}}) + "\n"
+            for s, a in ((0, 0.2), (10, 0.25), (20, final))))
+    merged = merge_runs([tmp_path / "ev" / "results.jsonl.gz", tmp_path / "later"])
+    assert len(merged) == 7
+    by_key = {(r["config"], r["seed"]): r for r in merged}
+    assert by_key[("decoupled", 1)]["records"][-1]["data"][VAL_KEY] == 0.20
+    assert main([str(tmp_path / "ev" / "results.jsonl.gz"), str(tmp_path / "later"),
+                 "--archive", str(tmp_path / "ev2")]) == 0
+    text = (tmp_path / "ev2" / "summary.md").read_text()
+    # decoupled's finals are now 0.40, 0.20; pmis_sg minus decoupled: +10, +16 -> +13.0 ± 3.0
+    assert "| `decoupled` | decoupled PPO | 0.400, 0.200 |" in text
+    assert "+13.0 ± 3.0 (+10.0, +16.0)" in text
+    assert "| `sync` | sync (decoupled, staleness 0) | 0.330 |" in text
 
 
 @pytest.mark.parametrize("env,message", [
