@@ -62,6 +62,8 @@ METHODS: dict[str, dict[str, Any]] = {
     # per-prompt replay (RePO, arXiv 2506.09340: 2n responses kept per prompt, the n best replayed as their own group)
     # on the preset, and on decoupled PPO alone (no group replay, no m2 gate, no trust region)
     "darl_prompt": {"method": "darl", "prompt_replay": 16},
+    # the same with half the group-replay budget (replay.ratio 0.25): about as many groups a step as decoupled trains
+    "darl_prompt_r025": {"method": "darl", "prompt_replay": 16, "ratio": 0.25},
     "prompt_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False,
                     "m2_budget": False, "prompt_replay": 16},
     # the second design as it shipped before (the trust region bounded on both sides), for the studies that ran it
@@ -214,7 +216,7 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
 
 
 MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl", "darl_success", "success_only",
-                "darl_prompt", "prompt_only",
+                "darl_prompt", "darl_prompt_r025", "prompt_only",
                 "darl_v2")
 
 
