@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The studies of docs/evidence.md: the scarce regime (issue 15, leads the page), then the second design's two
-# regimes in the order they ran, each its own results file. SCARCE_ONLY=1 runs the scarce regime only.
+# regimes in the order they ran, each its own results file. SCARCE_ONLY=1 runs the scarce regime and the reruns from
+# the shipped weights only.
 #   bash benchmarks/staleness/study.sh [OUT]            (default runs/study; about 75 min with 2 jobs on 2 cores)
 #   STEPS=10 SEEDS=0 bash benchmarks/staleness/study.sh runs/study-mini    # reduced: 1 seed, 10 steps, minutes
 # The pipeline part (pipeline_check.sh, 33 runs) takes PIPELINE_STEPS (default 40, or STEPS when smaller), about 4 min
@@ -29,6 +30,10 @@ scarce --staleness 4 --methods success_only m2_success m2_only
 # per-prompt replay (RePO) on the preset and on decoupled PPO alone
 scarce --staleness 4 --methods darl_prompt prompt_only
 scarce --staleness 8 --methods decoupled darl darl_prompt gates_only
+scarce --staleness 8 --methods naive equal_update        # sync runs at s = 0 whatever the cell: shared with s = 4
+# per-prompt replay with half the group-replay budget (replay.ratio 0.25): about decoupled's groups a step
+scarce --staleness 4 8 --methods darl_prompt_r025
+scarce --staleness 1 --methods decoupled darl darl_prompt gates_only
 scarce --report-only
 # the same regime through what users run: the CPU seed scripts through verl's two trainers (Ray, FSDP2, hf rollout)
 PIPELINE_STEPS="${PIPELINE_STEPS:-$(( STEPS < 40 ? STEPS : 40 ))}"
@@ -39,9 +44,14 @@ TRAINERS=one_step_off CONFIGS="async equal_update" pipeline
 TRAINERS=fully_async CONFIGS="sync" pipeline
 # the stress regime again, from the shipped weights (lr 2e-4, s = 8): does the one-sided trust region still hold it?
 stress_shipped() { "$PY" -m benchmarks.staleness.run_study --out "$OUT/stress_shipped" --lr 2e-4 "${common[@]}" "$@"; }
-stress_shipped --staleness 8 --methods decoupled darl_v2 darl
-stress_shipped --staleness 8 --seeds 0 --methods sync naive equal_update gates_only darl_high1
+stress_shipped --staleness 8 --methods decoupled darl naive
+stress_shipped --staleness 8 --seeds 0 1 --methods darl_v2 darl_prompt
+stress_shipped --staleness 8 --seeds 0 --methods sync equal_update gates_only darl_high1
 stress_shipped --report-only
+# the benign regime from the shipped weights (lr 5e-5, s = 4): per-prompt replay should change nothing (no prompt comes back)
+benign_shipped() { "$PY" -m benchmarks.staleness.run_study --out "$OUT/benign_shipped" --lr 5e-5 "${common[@]}" "$@"; }
+benign_shipped --staleness 4 --methods decoupled darl darl_prompt gates_only naive
+benign_shipped --report-only
 if [ -n "${SCARCE_ONLY:-}" ]; then exit 0; fi
 # The second design's study below ran with the preset of the time, the two-sided trust region (today's `darl_v2`,
 # `gates_v2`, `bclip_v2_only`); its results keep the names it ran under, so a rerun of these lines measures
