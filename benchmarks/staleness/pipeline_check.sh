@@ -14,7 +14,7 @@
 #   pmis_sg_success  the preset plus success replay (replay.success=1)
 #   success_only     decoupled PPO plus success replay (no group replay, no m2 gate, no trust region)
 #   pmis_sg_prompt   the preset plus per-prompt replay (replay.prompt_replay=16: RePO's 2n responses kept per prompt)
-#   pmis_sg_prompt_r025  the same with half the group-replay budget (replay.ratio=0.25): about decoupled's step size
+#   pmis_sg_prompt_r025  the same with half the group-replay budget (replay.ratio=0.25; in the harness the step did not shrink)
 #   prompt_only      decoupled PPO plus per-prompt replay (no group replay, no m2 gate, no trust region)
 # A seed sets the rollout sampler (actor_rollout_ref.rollout.seed) and the data order (data.seed). Finished runs
 # (their last step logged) are skipped, so an interrupted study goes on where it stopped.

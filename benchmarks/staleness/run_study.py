@@ -62,7 +62,7 @@ METHODS: dict[str, dict[str, Any]] = {
     # per-prompt replay (RePO, arXiv 2506.09340: 2n responses kept per prompt, the n best replayed as their own group)
     # on the preset, and on decoupled PPO alone (no group replay, no m2 gate, no trust region)
     "darl_prompt": {"method": "darl", "prompt_replay": 16},
-    # the same with half the group-replay budget (replay.ratio 0.25): about as many groups a step as decoupled trains
+    # the same with half the group-replay budget (replay.ratio 0.25); measured: the step does not shrink (mini-batch rounding)
     "darl_prompt_r025": {"method": "darl", "prompt_replay": 16, "ratio": 0.25},
     "prompt_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False,
                     "m2_budget": False, "prompt_replay": 16},

@@ -31,7 +31,7 @@ scarce --staleness 4 --methods success_only m2_success m2_only
 scarce --staleness 4 --methods darl_prompt prompt_only
 scarce --staleness 8 --methods decoupled darl darl_prompt gates_only
 scarce --staleness 8 --methods naive equal_update        # sync runs at s = 0 whatever the cell: shared with s = 4
-# per-prompt replay with half the group-replay budget (replay.ratio 0.25): about decoupled's groups a step
+# per-prompt replay with half the group-replay budget (replay.ratio 0.25): a try at a cheaper step (it was not: docs/evidence.md)
 scarce --staleness 4 8 --methods darl_prompt_r025
 scarce --staleness 1 --methods decoupled darl darl_prompt gates_only
 scarce --report-only
