@@ -2,7 +2,7 @@
 # The studies of docs/evidence.md: the scarce regime (issue 15, leads the page), then the second design's two
 # regimes in the order they ran, each its own results file. SCARCE_ONLY=1 runs the scarce regime and the reruns from
 # the shipped weights only.
-#   bash benchmarks/staleness/study.sh [OUT]            (default runs/study; about 75 min with 2 jobs on 2 cores)
+#   bash benchmarks/staleness/study.sh [OUT]            (default runs/study; the times are in the Makefile's make evidence)
 #   STEPS=10 SEEDS=0 bash benchmarks/staleness/study.sh runs/study-mini    # reduced: 1 seed, 10 steps, minutes
 # The pipeline part (pipeline_check.sh, 33 runs) takes PIPELINE_STEPS (default 40, or STEPS when smaller), about 4 min
 # a run of 40 steps; NO_PIPELINE=1 skips it.
