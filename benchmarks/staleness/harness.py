@@ -111,6 +111,7 @@ class HarnessConfig:
     success: Any = False  # replay.success: correct responses kept per prompt (success replay); False: off
     success_max_age: Optional[int] = None
     prompt_replay: Any = False  # replay.prompt_replay: responses kept per prompt (per-prompt replay, RePO); False: off
+    prompt_replay_budget: str = "extra"  # replay.prompt_replay_budget: history groups on top (extra) or in the replay budget (shared)
     eval_every: int = 20  # steps; 0: only at the start and the end
     val_size: int = 500
     eval_batch_size: int = 256
@@ -140,7 +141,7 @@ class HarnessConfig:
                             clip_decay=self.clip_decay, stop_grad=self.stop_grad, order=self.order,
                             ratio=self.ratio, m2_budget=self.m2_budget, behavior_clip=self.behavior_clip,
                             behavior_clip_high=self.behavior_clip_high, success=self.success, success_max_age=self.success_max_age,
-                            prompt_replay=self.prompt_replay)
+                            prompt_replay=self.prompt_replay, prompt_replay_budget=self.prompt_replay_budget)
 
     @property
     def name(self) -> str:
@@ -159,7 +160,7 @@ class HarnessConfig:
         if self.success:
             parts.append(f"success{self.success}")
         if self.prompt_replay:
-            parts.append(f"prompt{self.prompt_replay}")
+            parts.append(f"prompt{self.prompt_replay}" + ("shared" if self.prompt_replay_budget == "shared" else ""))
         if not self.filter_zero_adv:
             parts.append("keep0adv")
         if not self.stop_grad:
@@ -384,7 +385,8 @@ class Harness:
             mb_groups = cfg.prompts_per_step // cfg.minibatches
             if cfg.method == "darl" and order != "chi2":
                 # nothing to score: select first, then recompute pi_old for the selected groups only
-                selection = select_for_step(candidates, cands.fresh, rc, cfg.prompts_per_step, mb_groups, 1)
+                selection = select_for_step(candidates, cands.fresh, rc, cfg.prompts_per_step, mb_groups, 1,
+                                            history=cands.history)
                 chosen = sorted(selection.selected, key=lambda i: candidates[i].seq)
                 candidates = [candidates[i] for i in chosen]
                 chosen = list(range(len(candidates)))
@@ -405,7 +407,7 @@ class Harness:
                 for g, s in zip(candidates, scores.tolist()):
                     g.score = s
                 selection = select_for_step(candidates, cands.fresh, rc, cfg.prompts_per_step, mb_groups, 1,
-                                            scores=scores.tolist())
+                                            scores=scores.tolist(), history=cands.history)
                 m["candidates"] = len(candidates)
                 m["chi2_candidates"] = _finite_mean(scores)
                 # train in arrival order, as the trainer does, so mini-batches mix scores

@@ -106,3 +106,58 @@ def test_the_store_survives_a_checkpoint_and_a_mismatched_resume_is_an_error():
 def test_bad_values_name_the_key(value):
     with pytest.raises(ValueError, match="replay.prompt_replay must be false or an integer >= 2"):
         ReplayConfig(prompt_replay=value)
+
+
+def test_shared_budget_puts_history_groups_first_in_the_replay_slots():
+    from recipe.darl.core import select_groups
+
+    # candidates 0-2 buffered (versions 3, 2, 1), 3-4 fresh, 5-6 history groups (arrival 6 before 5)
+    versions = torch.tensor([3, 2, 1, 4, 4, 3, 2])
+    arrival = torch.tensor([0, 1, 2, 3, 4, 6, 5])
+    fresh = torch.tensor([0, 0, 0, 1, 1, 0, 0], dtype=torch.bool)
+    first = torch.tensor([0, 0, 0, 0, 0, 1, 1], dtype=torch.bool)
+    # extra 3: both fresh groups, both history groups (earlier arrival first), then the newest buffered one
+    sel = select_groups(8, versions, arrival, order="newest", fresh=fresh, extra=3, first=first)
+    assert sel.selected == [3, 4, 6, 5, 0]
+    # extra 1: the single replay slot goes to the history group that arrived first
+    assert select_groups(8, versions, arrival, order="newest", fresh=fresh, extra=1, first=first).selected == [3, 4, 6]
+    # without `first` the same slot goes to the newest version (the buffered group 0 ties history group 5 on
+    # version 3 and arrived earlier)
+    assert select_groups(8, versions, arrival, order="newest", fresh=fresh, extra=1).selected == [3, 4, 0]
+    # a history group is never fresh at the same time, and `first` needs the additive composition
+    with pytest.raises(ValueError, match="first needs additive composition"):
+        select_groups(8, versions, arrival, fresh=fresh, extra=1, first=fresh)
+    with pytest.raises(ValueError, match="first needs additive composition"):
+        select_groups(8, versions, arrival, first=first)
+
+
+def test_select_for_step_shares_the_budget_only_when_asked():
+    def run(budget_mode):
+        cfg = ReplayConfig(enable=True, k=2, warmup=0, prompt_replay=2, prompt_replay_budget=budget_mode)
+        buf = ReplayBuffer.from_config(cfg)
+        _visit(buf, [group("a", 1, [1.0, 0.0], base=-1.0)], 1)
+        fresh = group("b", 2, [1.0, 0.0], base=-2.0)
+        cands = buf.begin_step([fresh], 2)
+        (hist,) = cands.history
+        (buffered,) = [g for g in cands.candidates if g.uid == "a"]
+        # B = 2, ratio 0.5: one replay slot
+        sel = select_for_step(cands.candidates, cands.fresh, cfg, budget=2, multiple=1, min_multiple=1,
+                              history=cands.history)
+        return [cands.candidates[i] for i in sel.selected], fresh, hist, buffered
+
+    chosen, fresh, hist, buffered = run("extra")
+    assert chosen == [fresh, hist, buffered]  # history on top of the step, the slot to the buffered group
+    chosen, fresh, hist, buffered = run("shared")
+    assert chosen == [fresh, hist]  # history takes the slot: the preset's step size
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"prompt_replay_budget": "both"}, "replay.prompt_replay_budget must be 'extra' or 'shared'"),
+    ({"prompt_replay_budget": "shared"}, "replay.prompt_replay_budget=shared but replay.prompt_replay is false"),
+    ({"prompt_replay": 16, "prompt_replay_budget": "shared", "ratio": False}, "shares the replay budget"),
+    ({"prompt_replay": 16, "prompt_replay_budget": "shared", "pmis": False}, "shares the replay budget"),
+])
+def test_bad_budget_settings_name_the_key(values, message):
+    with pytest.raises(ValueError, match=message):
+        ReplayConfig(**values)
+    assert ReplayConfig(prompt_replay=16, prompt_replay_budget="shared", pmis=False, ratio=0.5).prompt_replay_budget == "shared"

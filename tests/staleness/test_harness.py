@@ -194,6 +194,24 @@ def test_scarce_task_revisits_a_fixed_pool_and_success_replay_grafts_past_succes
     assert any(m["trained_versions"] >= 2 and not m["skipped"] for m in grafted)
 
 
+def test_shared_budget_trains_history_groups_within_the_presets_step(model_dir):
+    runs = {}
+    for budget in ("extra", "shared"):
+        h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0, steps=4,
+                 minibatches=4, prompt_replay_budget=budget)
+        runs[budget] = run_steps(h, 4)
+    assert h.config.name.endswith("prompt8shared")
+    extra, shared = runs["extra"], runs["shared"]
+    # steps 0-1: no prompt has come back yet, so the two settings train the same groups to the same loss
+    assert [m["loss"] for m in extra[:2]] == [m["loss"] for m in shared[:2]]
+    # then 3-4 history groups a step: on top of 4 fresh groups and 2 replay slots they make a bigger step...
+    assert all(m["history_groups"] >= 3 for m in extra[2:] + shared[2:])
+    assert max(m["trained_groups"] for m in extra[2:]) > 6
+    # ...sharing the 2 slots (ratio 0.5 x 4 prompts), never more than 4 + 2, with the old responses in it
+    assert max(m["trained_groups"] for m in shared) <= 6
+    assert all(m["trained_versions"] >= 2 for m in shared[2:] if not m["skipped"])
+
+
 def test_scarce_task_with_prompt_replay_trains_history_groups_of_returning_prompts(model_dir):
     h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0, steps=6)
     # pool of 8, 4 prompts a step: every prompt comes back at step 2 with its 4 responses of pass one stored

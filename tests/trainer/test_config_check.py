@@ -49,6 +49,7 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
         (REPLAY_ON + ("replay.behavior_clip_high=0.3", "replay.behavior_clip=false"), "replay.behavior_clip_high"),
         (REPLAY_ON + ("replay.prompt_replay=1",), "replay.prompt_replay must be false or an integer >= 2"),
         (("replay.prompt_replay=16",), "replay.prompt_replay=16 needs replay.enable=true"),
+        (REPLAY_ON + ("replay.prompt_replay_budget=shared",), "replay.prompt_replay_budget=shared but replay.prompt_replay is false"),
         (("replay.success=1",), "replay.success=1 needs replay.enable=true"),
     ],
 )

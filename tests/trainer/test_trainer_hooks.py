@@ -286,6 +286,34 @@ def _same_prompt_twice(batch_maker):
     return step1, uids(step1)[0], step2
 
 
+@pytest.mark.parametrize("budget", ["extra", "shared"])
+def test_prompt_replay_budget_history_on_top_or_first_in_the_replay_budget(replay_cfg, batch_maker, budget):
+    import numpy as np
+
+    # both prompts of step 1 (version 0) come back at step 2 (version 1), informative both times
+    step1 = batch_maker(versions=[0, 0], rewards=[[1, 0], [0, 1]], seed=12)
+    a, b = uids(step1)
+    step2 = batch_maker(versions=[1, 1], rewards=[[1, 0], [0, 1]], seed=12)  # same prompts and responses
+    step2.non_tensor_batch["uid"] = np.array(["d", "d", "e", "e"], dtype=object)
+    step2.non_tensor_batch["min_global_steps"] = np.array([1, 1, 1, 1], dtype=object)
+    # B = 2, ratio 0.5: one replay slot; mini-batches of one group, so no rounding
+    trainer = make_trainer(replay_cfg("replay.prompt_replay=2", f"replay.prompt_replay_budget={budget}",
+                                      "actor_rollout_ref.actor.ppo_mini_batch_size=1", design=()),
+                           {u: 0.0 for u in (a, b, "d", "e", "d:history", "e:history")})
+    run_step(trainer, step1)
+    assert uids(trainer.trained[-1]) == [a, b]
+    run_step(trainer, step2)
+    assert trainer.metrics["replay/history_groups"] == 2
+    trained = uids(trainer.trained[-1])  # training order: arrival (a history group sits beside its fresh one)
+    if budget == "extra":
+        # both history groups ride on top like fresh ones; the replay slot goes to the buffered a (least reused, first)
+        assert sorted(trained) == sorted([a, "d", "d:history", "e", "e:history"])
+    else:
+        # the fresh groups plus one replay slot, which the first history group takes ahead of a and b
+        assert sorted(trained) == ["d", "d:history", "e"]
+    assert trainer.metrics["replay/fresh_deferred"] == 0
+
+
 def test_success_replay_grafts_a_past_success_into_an_all_wrong_group(replay_cfg, batch_maker):
     step1, a, step2 = _same_prompt_twice(batch_maker)
     trainer = make_trainer(replay_cfg("replay.k=1", "replay.success=1", design=()), {a: 0.0, "b": 0.0})

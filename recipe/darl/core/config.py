@@ -11,6 +11,7 @@ BehaviorWeight = Literal["own", "pmis"]
 SourceWeight = Literal["ess", "tokens"]
 Rescore = Literal["all", "lazy"]
 Order = Literal["chi2", "newest", "least_reused", "variance"]
+PromptReplayBudget = Literal["extra", "shared"]
 
 # What `pmis: true` resolves the keys left null to: the second design (docs/algorithm.md). False turns a
 # numeric control off; `pmis: false` resolves them to the uniform-replay ablation (newest first, no controls).
@@ -49,6 +50,9 @@ class ReplayConfig:
     success: int | bool = False  # success replay: correct responses kept per prompt; false: off
     success_max_age: Optional[int] = None  # steps a stored success stays usable; null: no limit
     prompt_replay: int | bool = False  # per-prompt replay (RePO): responses kept per prompt; false: off
+    # history groups trained on top of the step like fresh ones (extra), or first in line for the replay
+    # budget `ratio` x B, ahead of buffered groups (shared): a step then trains what the preset trains
+    prompt_replay_budget: PromptReplayBudget = "extra"
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -108,6 +112,15 @@ class ReplayConfig:
         if self.prompt_replay is not False and (not _is_int(self.prompt_replay) or self.prompt_replay < 2):
             out.append(f"replay.prompt_replay must be false or an integer >= 2 (responses kept per prompt), "
                        f"got {self.prompt_replay!r}")
+        if self.prompt_replay_budget not in ("extra", "shared"):
+            out.append(f"replay.prompt_replay_budget must be 'extra' or 'shared', got {self.prompt_replay_budget!r}")
+        elif self.prompt_replay_budget == "shared":
+            if self.prompt_replay is False:
+                out.append("replay.prompt_replay_budget=shared but replay.prompt_replay is false: "
+                           "set replay.prompt_replay (responses kept per prompt) to use it")
+            if self.ratio is False or (self.ratio is None and not self.pmis):
+                out.append("replay.prompt_replay_budget=shared shares the replay budget replay.ratio x B, "
+                           "but replay.ratio is off (false, or null with replay.pmis=false): set replay.ratio")
         for name, low, high in (("ratio", 0.0, math.inf), ("m2_budget", 0.0, math.inf), ("behavior_clip", 0.0, 1.0)):
             value = getattr(self, name)
             if value is None or value is False:

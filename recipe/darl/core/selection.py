@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
@@ -51,6 +51,7 @@ def select_groups(
     fresh: Optional[torch.Tensor] = None,
     extra: Optional[int] = None,
     priority: Optional[torch.Tensor] = None,
+    first: Optional[torch.Tensor] = None,
 ) -> Selection:
     """Fills the group budget.
 
@@ -59,8 +60,10 @@ def select_groups(
     priority: [G], highest first; ties: least reused, newer version, arrival). None: "chi2" when scores are given, else "newest" (the first design).
     Additive composition (`extra` not None, needs fresh: [G] bool): every fresh group first, then up to
     `extra` non-fresh groups in `order`; the total rounds down to `multiple`, or up with more replayed
-    groups when rounding down would drop a fresh one and enough replayed groups exist. Without `extra`
-    (fixed budget) all candidates compete for `budget` in `order`.
+    groups when rounding down would drop a fresh one and enough replayed groups exist. first: [G] bool, with
+    `extra` only: non-fresh groups that take the `extra` slots before the others, in arrival order (per-prompt
+    replay's history groups under `prompt_replay_budget: shared`). Without `extra` (fixed budget) all
+    candidates compete for `budget` in `order`.
 
     versions, arrival: [G] ints (behavior version, arrival order); scores: [G] chi2 group scores.
     With scores: eligible = finite score <= max_score (any finite one when max_score is None), filled by
@@ -95,6 +98,8 @@ def select_groups(
         raise ValueError("select_groups: max_score needs order 'chi2' (scores)")
     if extra is not None and (extra < 0 or fresh is None or fresh.shape != (num,)):
         raise ValueError("select_groups: additive composition needs extra >= 0 and fresh: [G] bool")
+    if first is not None and (extra is None or first.shape != (num,) or bool((first.bool() & fresh.bool()).any())):
+        raise ValueError("select_groups: first needs additive composition (extra) and is [G] bool, never fresh")
 
     keys_v = versions.tolist()
     keys_a = arrival.tolist()
@@ -117,6 +122,11 @@ def select_groups(
         is_fresh = fresh.bool().tolist()
         new = sorted((i for i in range(num) if is_fresh[i]), key=lambda i: keys_a[i])
         replay = [i for i in ranked if not is_fresh[i]]
+        if first is not None:
+            is_first = first.bool().tolist()
+            # eligible ones only (chi2's threshold applies to them too)
+            replay = sorted((i for i in replay if is_first[i]), key=lambda i: keys_a[i]) + [
+                i for i in replay if not is_first[i]]
         wanted = len(new) + min(extra, len(replay))
         cap = (wanted // multiple) * multiple
         up = -(-len(new) // multiple) * multiple
@@ -147,13 +157,17 @@ def select_for_step(
     multiple: int,
     min_multiple: Optional[int],
     scores: Optional[list[float]] = None,
+    history: Sequence["Group"] = (),
 ) -> Selection:
     """The step's selection as both trainers and the study harness make it: `select_groups` with the
     order, the additive ratio and the priorities `replay` resolves to, over `groups` (candidates;
-    `fresh` are this step's). scores: chi2 group scores, needed only by order chi2."""
+    `fresh` are this step's, history groups included). history: the step's history groups (per-prompt
+    replay); under `prompt_replay_budget: shared` they leave the fresh side and take the replay budget
+    first. scores: chi2 group scores, needed only by order chi2."""
     order = replay.resolved("order")
     ratio = replay.resolved("ratio")
-    fresh_ids = {id(g) for g in fresh}
+    shared = {id(g) for g in history} if replay.prompt_replay_budget == "shared" else set()
+    fresh_ids = {id(g) for g in fresh} - shared
     return select_groups(
         budget=budget,
         versions=torch.tensor([g.version for g in groups]),
@@ -167,4 +181,5 @@ def select_for_step(
         fresh=torch.tensor([id(g) in fresh_ids for g in groups], dtype=torch.bool) if ratio is not None else None,
         extra=int(round(ratio * budget)) if ratio is not None else None,
         priority=torch.tensor([reward_variance(g) for g in groups]) if order == "variance" else None,
+        first=torch.tensor([id(g) in shared for g in groups], dtype=torch.bool) if shared else None,
     )
