@@ -14,6 +14,7 @@
 #   pmis_sg_success  the preset plus success replay (replay.success=1)
 #   success_only     decoupled PPO plus success replay (no group replay, no m2 gate, no trust region)
 #   pmis_sg_prompt   the preset plus per-prompt replay (replay.prompt_replay=16: RePO's 2n responses kept per prompt)
+#   pmis_sg_prompt_shared  the same, history groups inside the group-replay budget (replay.prompt_replay_budget=shared)
 #   prompt_only      decoupled PPO plus per-prompt replay (no group replay, no m2 gate, no trust region)
 # A seed sets the rollout sampler (actor_rollout_ref.rollout.seed) and the data order (data.seed). Finished runs
 # (their last step logged) are skipped, so an interrupted study goes on where it stopped.
@@ -41,6 +42,7 @@ for seed in $SEEDS; do
                     script=decoupled; envs=(STALENESS_THRESHOLD=0 PARTIAL_ROLLOUT=false) ;;
                 pmis_sg_success) script=pmis_sg; extra=(replay.success=1) ;;
                 pmis_sg_prompt) script=pmis_sg; extra=(replay.prompt_replay=16) ;;
+                pmis_sg_prompt_shared) script=pmis_sg; extra=(replay.prompt_replay=16 replay.prompt_replay_budget=shared) ;;
                 prompt_only)
                     script=pmis_sg
                     extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false replay.behavior_clip=false

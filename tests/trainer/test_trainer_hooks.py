@@ -308,9 +308,11 @@ def test_prompt_replay_budget_history_on_top_or_first_in_the_replay_budget(repla
     if budget == "extra":
         # both history groups ride on top like fresh ones; the replay slot goes to the buffered a (least reused, first)
         assert sorted(trained) == sorted([a, "d", "d:history", "e", "e:history"])
+        assert trainer.metrics["replay/history_trained"] == 2
     else:
         # the fresh groups plus one replay slot, which the first history group takes ahead of a and b
         assert sorted(trained) == ["d", "d:history", "e"]
+        assert trainer.metrics["replay/history_trained"] == 1
     assert trainer.metrics["replay/fresh_deferred"] == 0
 
 

@@ -201,6 +201,7 @@ def replay_metrics(
         # per-prompt replay: history groups built (informative ones) and dropped for equal rewards
         "replay/history_groups": len(cands.history),
         "replay/history_zero_adv": cands.history_zero_adv,
+        "replay/history_trained": sum(1 for g in sel_groups if id(g) in history),
         "replay/buffer_groups": buffer_stats["groups"],
         "replay/buffer_tokens": buffer_stats["tokens"],
         "replay/buffer_bytes": buffer_stats["bytes"],
