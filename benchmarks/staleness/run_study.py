@@ -68,6 +68,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "darl_prompt_shared": {"method": "darl", "prompt_replay": 16, "prompt_replay_budget": "shared"},
     # the preset with per-prompt replay's step size but no history: every fresh group plus up to B replayed ones
     "darl_r1": {"method": "darl", "ratio": 1.0},
+    # the preset with two passes over each step's batch (verl's ppo_epochs=2): equal_update's extra updates on the preset
+    "darl_e2": {"method": "darl", "epochs": 2},
     "prompt_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False,
                     "m2_budget": False, "prompt_replay": 16},
     # the second design as it shipped before (the trust region bounded on both sides), for the studies that ran it
@@ -220,7 +222,7 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
 
 
 MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl", "darl_success", "success_only",
-                "darl_prompt", "darl_prompt_r025", "darl_prompt_shared", "darl_r1", "prompt_only",
+                "darl_prompt", "darl_prompt_r025", "darl_prompt_shared", "darl_r1", "darl_e2", "prompt_only",
                 "darl_v2")
 
 

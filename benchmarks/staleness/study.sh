@@ -34,6 +34,12 @@ scarce --staleness 8 --methods naive equal_update        # sync runs at s = 0 wh
 # per-prompt replay with half the group-replay budget (replay.ratio 0.25): a try at a cheaper step (it was not: docs/evidence.md)
 scarce --staleness 4 8 --methods darl_prompt_r025
 scarce --staleness 1 --methods decoupled darl darl_prompt gates_only
+# per-prompt replay with its history inside the preset's step (replay.prompt_replay_budget=shared), the preset with
+# per-prompt replay's step size and no history (ratio 1), the s = 1 baselines, and the preset with two passes
+scarce --staleness 1 4 8 --methods darl_prompt_shared
+scarce --staleness 1 4 --methods darl_r1
+scarce --staleness 1 --methods naive equal_update
+scarce --staleness 1 4 --methods darl_e2
 scarce --report-only
 # the same regime through what users run: the CPU seed scripts through verl's two trainers (Ray, FSDP2, hf rollout)
 PIPELINE_STEPS="${PIPELINE_STEPS:-$(( STEPS < 40 ? STEPS : 40 ))}"
