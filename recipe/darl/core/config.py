@@ -118,7 +118,7 @@ class ReplayConfig:
             if self.prompt_replay is False:
                 out.append("replay.prompt_replay_budget=shared but replay.prompt_replay is false: "
                            "set replay.prompt_replay (responses kept per prompt) to use it")
-            if self.ratio is False or (self.ratio is None and not self.pmis):
+            if self.resolved("ratio") is None:
                 out.append("replay.prompt_replay_budget=shared shares the replay budget replay.ratio x B, "
                            "but replay.ratio is off (false, or null with replay.pmis=false): set replay.ratio")
         for name, low, high in (("ratio", 0.0, math.inf), ("m2_budget", 0.0, math.inf), ("behavior_clip", 0.0, 1.0)):

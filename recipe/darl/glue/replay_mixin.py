@@ -16,7 +16,7 @@ import math
 import os
 import time
 from functools import partial
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -96,7 +96,7 @@ class ReplayStepMixin:
         if self.replay.resolved("order") != "chi2":
             # nothing to score: select first, then recompute pi_old of the selected groups only
             t0 = time.perf_counter()
-            selection = self._select(cands.candidates, None, fresh=cands.fresh, history=cands.history)
+            selection = self._select(cands.candidates, None, cands)
             timing["select"] = time.perf_counter() - t0
             picked = [cands.candidates[i] for i in selection.selected]
             scores = [float("nan")] * len(cands.candidates)
@@ -116,7 +116,7 @@ class ReplayStepMixin:
                 scores = self._score(cands.candidates, merged, timing)
             rows_of = cands.candidates  # the groups whose rows `merged` holds, in order (lazy: the kept ones)
             t0 = time.perf_counter()
-            selection = self._select(cands.candidates, scores, fresh=cands.fresh, history=cands.history)
+            selection = self._select(cands.candidates, scores, cands)
             timing["select"] = time.perf_counter() - t0
         state = {"cands": cands, "selection": selection, "scores": scores, "weights": None, "timing": timing}
         self._step_state = state
@@ -140,19 +140,19 @@ class ReplayStepMixin:
         state["selected_groups"] = selected
         return self._use_rewards_of(chosen)
 
-    def _select(self, groups: list[Group], scores: Optional[list[float]], fresh: Optional[list[Group]] = None,
-                history: Sequence[Group] = ()) -> Selection:
+    def _select(self, groups: list[Group], scores: Optional[list[float]], cands: StepCandidates) -> Selection:
         """Whole mini-batches in `replay.order` (fresh groups first with `replay.ratio`); fewer eligible than
         one mini-batch: one smaller mini-batch, as small as the workers' split allows (dp shards, fixed
-        micro-batches). scores: chi2 group scores, needed only by order chi2."""
+        micro-batches). scores: chi2 group scores, needed only by order chi2; cands: the step's candidates (its
+        fresh and history groups)."""
         n = self.config.actor_rollout_ref.rollout.n
         actor = self.config.actor_rollout_ref.actor
         dp = self._dp_size()
         per_step = dp if actor.get("use_dynamic_bsz", False) else dp * int(actor.ppo_micro_batch_size_per_gpu or 1)
         full = group_multiple(n, actor.ppo_mini_batch_size, dp)
         smallest = per_step // math.gcd(per_step, n)
-        return select_for_step(groups, fresh or [], self.replay, self._replay_budget(), full,
-                               smallest if smallest <= full else None, scores, history)
+        return select_for_step(groups, cands.fresh, self.replay, self._replay_budget(), full,
+                               smallest if smallest <= full else None, scores, cands.history)
 
     def _use_rewards_of(self, batch: DataProto) -> DataProto:
         """Points the step's rewards (read by `_fit_compute_advantage`) and token counts at the rows of `batch`."""
@@ -209,7 +209,7 @@ class ReplayStepMixin:
             self._score(cands.fresh, fresh_batch, timing)
         n = self.config.actor_rollout_ref.rollout.n
         pre = self._select(cands.candidates, [g.score if g.score is not None else float("inf") for g in cands.candidates],
-                           fresh=cands.fresh, history=cands.history)
+                           cands)
         wanted = {id(cands.candidates[i]) for i in pre.selected}
         rescored = [g for g in stale if id(g) in wanted]
         parts = {}
