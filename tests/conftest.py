@@ -16,6 +16,9 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# as the CPU scripts do (shells/cpu/common.sh): no idle Ray workers prestarted on a 2-core machine
+os.environ.setdefault("RAY_enable_worker_prestart", "0")
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 
 def _state_equal(a, b) -> bool:

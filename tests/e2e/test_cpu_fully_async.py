@@ -1,6 +1,6 @@
 """The fully-async pipeline on CPU through Ray with D-ARL replay: verl's rollouter streaming into its
-MessageQueue, the D-ARL fully-async trainer, weight sync every step, a checkpoint taken while the
-rollouter runs ahead, and a run resumed from it. An untrained tiny model with a dense reward (share of
+MessageQueue, the D-ARL fully-async trainer on two FSDP2 ranks over gloo, weight sync from two ranks every
+step, a sharded checkpoint taken while the rollouter runs ahead, and a run resumed from it. An untrained tiny model with a dense reward (share of
 digits in the response), so groups have non-zero advantages from the first step."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from recipe.darl.glue.fault_files import read_checked
-from e2e_helpers import build_inputs, read_log, run_script
+from e2e_helpers import RANKS, assert_sharded, assert_trained, build_inputs, read_log, run_script, updates
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "shells" / "cpu" / "fully_async_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"
@@ -27,18 +27,19 @@ def runs(tmp_path_factory):
     out = root / "out"
 
     def run(log: str, *extra: str) -> subprocess.CompletedProcess:
-        env = dict(STEPS=str(STEPS), TEST_FREQ="2", SAVE_FREQ="2", REQUIRE_BATCHES="1", STALENESS_THRESHOLD="2")
+        env = dict(RANKS, STEPS=str(STEPS), TEST_FREQ="2", SAVE_FREQ="2", REQUIRE_BATCHES="1", STALENESS_THRESHOLD="2")
         # the step-2 actor must survive step 4's save
         return run_script(SCRIPT, inputs, root, log, env, "trainer.max_actor_ckpt_to_keep=null", *extra, timeout=900)
 
     first = run("run1.jsonl", "trainer.resume_mode=auto")
+    steps = updates(root / "run1.jsonl")
     step2 = out / "checkpoints" / "global_step_2"
     saved = read_checked(step2 / "darl_replay.pt")["replay"]
     queued = read_checked(step2 / "darl_queue.pt")["samples"]
     # a preemption after the step-2 checkpoint: resume from it while the first run's later steps are ignored
     second = run("run2.jsonl", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={step2}")
     return {"out": out, "first": first, "second": second, "saved": saved, "queued": queued, "step2": step2,
-            "log1": read_log(root / "run1.jsonl"), "log2": read_log(root / "run2.jsonl")}
+            "log1": read_log(root / "run1.jsonl"), "log2": read_log(root / "run2.jsonl"), "updates1": steps}
 
 
 def _trained(log: dict[int, dict]) -> list[int]:
@@ -53,6 +54,11 @@ def test_the_d_arl_trainer_trains_every_step_with_finite_losses(runs):
         assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"]), step
         assert sum(k.startswith("replay/") for k in m) >= 20, step
     assert "[D-ARL]" in runs["first"].stdout + runs["first"].stderr
+
+
+def test_two_ranks_train_with_replay_and_save_sharded_checkpoints(runs):
+    assert_trained(runs["updates1"])
+    assert_sharded(runs["out"] / "checkpoints", STEPS)  # the resumed run's last save
 
 
 def test_staleness_above_one_is_trained(runs):

@@ -1,6 +1,7 @@
-"""The whole pipeline on CPU through Ray: FSDP2 trainer worker, hf rollout server, weight sync every
-step, replay K = 3 with pmis, checkpoint, and a resumed run. An untrained tiny model with a dense
-reward (share of digits in the response), so groups have non-zero advantages from the first step."""
+"""The whole pipeline on CPU through Ray: the FSDP2 trainer on two ranks over gloo, hf rollout server, weight sync
+from two ranks every step, replay K = 3 with pmis, sharded checkpoints, and a run resumed from one. An untrained tiny
+model with a dense reward (share of digits in the response), so groups have non-zero advantages from the first step.
+That the two-rank update equals the single-rank one on the same batch: tests/glue/test_dp_update.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from recipe.darl.glue.fault_files import read_checked
-from e2e_helpers import K, build_inputs, read_log, run_script
+from e2e_helpers import K, RANKS, assert_sharded, assert_trained, build_inputs, read_log, run_script, updates
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "shells" / "cpu" / "one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"
@@ -27,14 +28,15 @@ def runs(tmp_path_factory):
     out = root / "out"
 
     def run(steps: int, log: str) -> subprocess.CompletedProcess:
-        env = dict(STEPS=str(steps), TEST_FREQ="4", SAVE_FREQ="4", TRAIN_BATCH_SIZE="4", RESUME_MODE="auto")
+        env = dict(RANKS, STEPS=str(steps), TEST_FREQ="4", SAVE_FREQ="4", TRAIN_BATCH_SIZE="4", RESUME_MODE="auto")
         return run_script(SCRIPT, inputs, root, log, env, timeout=600)
 
     first = run(4, "run1.jsonl")
     saved = read_checked(out / "checkpoints" / "global_step_4" / "darl_replay.pt")["replay"]
     second = run(6, "run2.jsonl")  # stopped after the step-4 checkpoint, resumed to step 6
     return {"root": root, "model": model, "out": out, "first": first, "second": second, "saved": saved,
-            "log1": read_log(root / "run1.jsonl"), "log2": read_log(root / "run2.jsonl")}
+            "log1": read_log(root / "run1.jsonl"), "log2": read_log(root / "run2.jsonl"),
+            "updates1": updates(root / "run1.jsonl")}
 
 
 
@@ -47,6 +49,14 @@ def test_training_steps_are_finite_and_logged(runs):
         assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"]), step
         assert m["replay/selected"] > 0 and m["replay/skipped_update"] == 0.0
         assert sum(k.startswith("replay/") for k in m) >= 20
+
+
+def test_two_ranks_train_and_save_sharded_checkpoints(runs):
+    steps = runs["updates1"]
+    assert [m["training/global_step"] for m in steps] == [1, 2, 3, 4]
+    assert_trained(steps)
+    assert max(m["replay/selected"] for m in steps) > 4  # replayed groups beside a step's 4 fresh ones
+    assert_sharded(runs["out"] / "checkpoints", 6)  # the resumed run's last save
 
 
 def test_rollout_versions_advance_with_every_sync(runs):
@@ -66,9 +76,13 @@ def test_actor_weights_changed(runs):
     from safetensors.torch import load_file
 
     initial = load_file(os.path.join(runs["model"], "model.safetensors"))
-    trained = torch.load(runs["out"] / "checkpoints" / "global_step_4" / "actor" / "model_world_size_1_rank_0.pt",
-                         weights_only=False)
-    changed = [k for k, v in trained.items() if not torch.equal(v.to_local() if hasattr(v, "to_local") else v, initial[k])]
+    actor = runs["out"] / "checkpoints" / "global_step_4" / "actor"
+    shards = [torch.load(actor / f"model_world_size_2_rank_{r}.pt", weights_only=False) for r in (0, 1)]
+    assert shards[0].keys() == initial.keys()
+    # FSDP2 shards dim 0 as torch.chunk does: the two local shards, concatenated, are the whole tensor
+    trained = {k: torch.cat([s[k].to_local() for s in shards]) for k in initial}
+    assert all(trained[k].shape == initial[k].shape for k in initial)
+    changed = [k for k in initial if not torch.equal(trained[k], initial[k])]
     assert len(changed) == len(initial)
 
 
