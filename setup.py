@@ -15,10 +15,12 @@ setup(
     install_requires=["verl==0.9.1"],
     # verl/__init__.py imports every "verl.plugins" entry point, in the driver and in each Ray worker;
     # the CPU platform plugin does nothing unless VERL_PLATFORM=cpu (recipe/darl/cpu/platform.py)
-    # vLLM calls every "vllm.general_plugins" entry point in each of its processes; this one does nothing unless
-    # VERL_PLATFORM=cpu (then CPU linear layers keep their weights for weight sync: recipe/darl/cpu/vllm_rollout)
+    # vLLM calls every "vllm.general_plugins" entry point in each of its processes; these do nothing unless
+    # VERL_PLATFORM=cpu (then CPU linear layers keep their weights for weight sync, and half-written kernels a killed
+    # process left in TorchInductor's cache are removed: recipe/darl/cpu/vllm_rollout)
     entry_points={
         "verl.plugins": ["darl_cpu = recipe.darl.cpu.platform", "darl_rollout = recipe.darl.cpu.rollout"],
-        "vllm.general_plugins": ["darl_cpu_keep_weights = recipe.darl.cpu.vllm_rollout.keep_weights:register"],
+        "vllm.general_plugins": ["darl_cpu_keep_weights = recipe.darl.cpu.vllm_rollout.keep_weights:register",
+                                 "darl_cpu_inductor_cache = recipe.darl.cpu.vllm_rollout.inductor_cache:register"],
     },
 )

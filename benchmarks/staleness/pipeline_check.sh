@@ -10,6 +10,7 @@
 # CONFIGS: the seed scripts' suffixes (async = naive, decoupled, pmis_sg = the preset) and, as Hydra overrides on them:
 #   gates_only       the preset's controls without replay (replay.k=1: m2 gate + trust region on decoupled PPO)
 #   equal_update     decoupled PPO with two passes over each batch (actor.ppo_epochs=2)
+#   pmis_sg_e2       the preset with two passes over each batch (actor.ppo_epochs=2)
 #   sync             decoupled PPO on-policy: fully_async with staleness_threshold 0, no partial rollout (fully_async only)
 #   pmis_sg_success  the preset plus success replay (replay.success=1)
 #   success_only     decoupled PPO plus success replay (no group replay, no m2 gate, no trust region)
@@ -37,6 +38,7 @@ for seed in $SEEDS; do
                 async|decoupled|pmis_sg) ;;
                 gates_only) script=pmis_sg; extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false) ;;
                 equal_update) script=decoupled; extra=(actor_rollout_ref.actor.ppo_epochs=2) ;;
+                pmis_sg_e2) script=pmis_sg; extra=(actor_rollout_ref.actor.ppo_epochs=2) ;;
                 sync)
                     [ "$trainer" = fully_async ] || { echo "pipeline_check: sync runs under fully_async only (skipped for $trainer)"; continue; }
                     script=decoupled; envs=(STALENESS_THRESHOLD=0 PARTIAL_ROLLOUT=false) ;;

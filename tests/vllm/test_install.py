@@ -57,9 +57,10 @@ def test_cuda_media_packages_and_triton_are_absent(name):
         md.version(name)
 
 
-def test_keep_weights_plugin_is_an_installed_vllm_entry_point():
-    eps = [ep for ep in md.entry_points(group="vllm.general_plugins") if ep.name == "darl_cpu_keep_weights"]
-    assert [ep.value for ep in eps] == ["recipe.darl.cpu.vllm_rollout.keep_weights:register"]
+def test_the_projects_vllm_plugins_are_installed_entry_points():
+    eps = {ep.name: ep.value for ep in md.entry_points(group="vllm.general_plugins") if ep.name.startswith("darl_")}
+    assert eps == {"darl_cpu_keep_weights": "recipe.darl.cpu.vllm_rollout.keep_weights:register",
+                   "darl_cpu_inductor_cache": "recipe.darl.cpu.vllm_rollout.inductor_cache:register"}
 
 
 PROBE = r'''
