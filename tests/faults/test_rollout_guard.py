@@ -5,6 +5,8 @@ The real thing (a killed, a frozen hf server through Ray) is in test_kill_resume
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -183,6 +185,7 @@ def test_one_step_off_weight_sync_to_a_dead_server_names_it_and_the_step(monkeyp
 
     trainer = osp.DarlTrainer.__new__(osp.DarlTrainer)
     trainer.global_steps = 4
+    trainer.config = OmegaConf.create({"faults": {"generation_timeout_s": 60}})
     trainer.llm_server_manager = SimpleNamespace(server_handles=[Handle("ab" * 8, "dead")],
                                                  server_addresses=["http://10.0.0.1:8000"])
 
@@ -203,3 +206,58 @@ def test_one_step_off_weight_sync_to_a_dead_server_names_it_and_the_step(monkeyp
     monkeypatch.setattr(osp.OneStepOffRayTrainer, "_fit_update_weights", other_error)
     with pytest.raises(ray.exceptions.RayTaskError):  # servers alive: not ours to rename
         trainer._fit_update_weights()
+
+
+def test_guard_weight_sync_returns_results_and_passes_errors_through():
+    assert fr.guard_weight_sync(lambda: {"sync": 1}, what="x", timeout_s=5, handles=[Handle("a" * 32, "dead")],
+                                addresses=["s0"]) == {"sync": 1}  # done before any check: no ping
+
+    def broken():
+        raise ValueError("a bug in the sync")
+
+    with pytest.raises(ValueError, match="a bug in the sync"):
+        fr.guard_weight_sync(broken, what="x", timeout_s=5, handles=[], addresses=[])
+    slow = fr.guard_weight_sync(lambda: (time.sleep(0.3), "late")[1], what="x", timeout_s=5,
+                                handles=[Handle("a" * 32, "alive")], addresses=["s0"], poll_s=0.05)
+    assert slow == "late"  # alive servers, within the timeout: waited for
+
+
+def test_guard_weight_sync_a_server_dying_inside_the_sync_ends_the_wait(capsys):
+    """What a fresh machine showed: the vLLM server SIGKILLed inside a weight sync; verl's sender waits forever."""
+    never = threading.Event()
+    handles = [Handle("a" * 32, "alive"), Handle("b" * 32, "dead")]
+    t0 = time.time()
+    with pytest.raises(fr.RolloutServerError) as e:
+        fr.guard_weight_sync(never.wait, what="syncing weights to the rollout at trainer step 3", timeout_s=3600,
+                             handles=handles, addresses=["s0", "s1"], poll_s=0.1)
+    assert time.time() - t0 < 5
+    text = str(e.value)
+    assert text.startswith("syncing weights to the rollout at trainer step 3: a rollout server died during the weight sync")
+    assert "s1 (actor bbbbbbbbbbbb): DEAD" in text and "s0 (actor aaaaaaaaaaaa): alive" in text
+    assert "[D-ARL] rollout failure detected at" in capsys.readouterr().out
+
+
+def test_guard_weight_sync_past_the_timeout_names_the_hung_server(monkeypatch):
+    monkeypatch.setattr(fr, "PING_TIMEOUT_S", 0.1)
+    never = threading.Event()
+    with pytest.raises(fr.RolloutServerError, match=r"^step 2: no end after 0.3 s \(faults.generation_timeout_s\)") as e:
+        fr.guard_weight_sync(never.wait, what="step 2", timeout_s=0.3, handles=[Handle("c" * 32, "hung")],
+                             addresses=["s0"], poll_s=0.1)
+    assert "s0 (actor cccccccccccc): NOT ANSWERING within 0.1 s" in str(e.value)
+
+
+def test_one_step_off_weight_sync_hanging_on_a_dead_server_names_it_and_the_step(monkeypatch):
+    from recipe.darl.trainers import one_step_off as osp
+
+    never = threading.Event()
+    monkeypatch.setattr(osp.OneStepOffRayTrainer, "_fit_update_weights", lambda self: never.wait())
+    monkeypatch.setattr(fr, "SYNC_POLL_S", 0.1)
+    trainer = osp.DarlTrainer.__new__(osp.DarlTrainer)
+    trainer.global_steps = 2
+    trainer.config = OmegaConf.create({"faults": {"generation_timeout_s": 3600}})
+    trainer.llm_server_manager = SimpleNamespace(server_handles=[Handle("ef" * 8, "dead")],
+                                                 server_addresses=["192.0.2.2:36175"])
+    with pytest.raises(fr.RolloutServerError) as e:
+        trainer._fit_update_weights()
+    assert str(e.value).startswith("syncing weights to the rollout at trainer step 2: a rollout server died during "
+                                   "the weight sync; rollout servers:\n  192.0.2.2:36175 (actor efefefefefef): DEAD")

@@ -6,15 +6,19 @@ traceback that names neither the step nor what to do. A server that hangs (a wed
 kernel) fails nothing: verl waits forever. `guard_generation` bounds the wait by `faults.generation_timeout_s`
 and, on either failure, asks every rollout server for a trivial answer (`__ray_call__`, which any Ray actor
 serves, vLLM's included) and raises `RolloutServerError` listing each server as alive, dead or not answering.
+`guard_weight_sync` does the same for a blocking weight sync, which a server killed inside it leaves waiting
+forever: the waiting sender is alive, so Ray raises nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from typing import Any, Awaitable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
 PING_TIMEOUT_S = 10.0
+SYNC_POLL_S = 2.0  # how often a running weight sync checks the servers (a ping each; a sync normally takes < 1 s)
 
 
 class RolloutServerError(RuntimeError):
@@ -88,3 +92,39 @@ async def guard_generation(work: Awaitable, *, what: str, timeout_s: Optional[fl
     print(f"[D-ARL] rollout failure detected at {time.time():.3f} ({time.time() - t0:.1f} s into the wait): "
           f"{str(error).splitlines()[0]}", flush=True)
     raise error from cause
+
+
+def guard_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
+                      addresses: Sequence[str], poll_s: Optional[float] = None) -> Any:
+    """Runs the blocking `sync()` (verl's weight sync) in a daemon thread and returns its result or raises its
+    error; while it runs, every `poll_s` s, a server found DEAD or a sync past `timeout_s` raises
+    `RolloutServerError` naming `what` (the step) and each server's state. The abandoned thread dies with the run."""
+    finished = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = sync()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = e
+        finally:
+            finished.set()
+
+    poll_s = SYNC_POLL_S if poll_s is None else poll_s
+    t0 = time.time()
+    threading.Thread(target=run, name="darl-weight-sync", daemon=True).start()
+    while not finished.wait(poll_s):
+        late = bool(timeout_s) and time.time() - t0 > timeout_s
+        states = server_states_now(handles, addresses)
+        if finished.is_set():
+            break
+        if late or any(": DEAD" in s for s in states):
+            reason = (f"no end after {timeout_s:g} s (faults.generation_timeout_s)" if late
+                      else "a rollout server died during the weight sync")
+            print(f"[D-ARL] rollout failure detected at {time.time():.3f} ({time.time() - t0:.1f} s into the sync): "
+                  f"{what}: {reason}", flush=True)
+            raise RolloutServerError(f"{what}: {reason}; rollout servers:\n  " + "\n  ".join(states)
+                                     + "\nThe last checkpoint is intact: resume with trainer.resume_mode=auto")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")

@@ -15,7 +15,8 @@ from ..glue.darts_trainer import ShapingTrainerMixin
 from ..glue.fault_files import check_resume, guarded_verl_save
 from ..glue.fault_inject import fault_point
 from ..glue.fault_reward import RewardGuardMixin
-from ..glue.fault_rollout import RolloutServerError, generation_timeout, guard_generation, server_states_now
+from ..glue.fault_rollout import (RolloutServerError, generation_timeout, guard_generation, guard_weight_sync,
+                                  server_states_now)
 from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import BUFFER_FILE, ReplayStepMixin
 
@@ -68,12 +69,16 @@ class DarlTrainer(GracefulStopMixin, RewardGuardMixin, ShapingTrainerMixin, Repl
             addresses=getattr(manager, "server_addresses", []))
 
     def _fit_update_weights(self):
-        # a rollout server that died after its last batch: the weight sync, not a generation, finds it first
+        # a rollout server that died after its last batch: the weight sync, not a generation, finds it first; one
+        # killed inside the sync leaves verl's sender waiting on it forever, hence the watch
+        manager = getattr(self, "llm_server_manager", None)
+        handles, addresses = getattr(manager, "server_handles", []), getattr(manager, "server_addresses", [])
         try:
-            return super()._fit_update_weights()
+            return guard_weight_sync(super()._fit_update_weights, handles=handles, addresses=addresses,
+                                     what=f"syncing weights to the rollout at trainer step {self.global_steps}",
+                                     timeout_s=generation_timeout(self.config))
         except ray.exceptions.RayError as e:
-            manager = getattr(self, "llm_server_manager", None)
-            states = server_states_now(getattr(manager, "server_handles", []), getattr(manager, "server_addresses", []))
+            states = server_states_now(handles, addresses)
             if not any(": DEAD" in s for s in states) and not isinstance(e, ray.exceptions.RayActorError):
                 raise
             print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died before the weight sync", flush=True)
