@@ -261,3 +261,44 @@ def test_one_step_off_weight_sync_hanging_on_a_dead_server_names_it_and_the_step
         trainer._fit_update_weights()
     assert str(e.value).startswith("syncing weights to the rollout at trainer step 2: a rollout server died during "
                                    "the weight sync; rollout servers:\n  192.0.2.2:36175 (actor efefefefefef): DEAD")
+
+
+def test_fully_async_weight_sync_hanging_on_a_dead_server_names_it_and_the_step(monkeypatch):
+    from recipe.darl.trainers import fully_async as fa
+
+    async def never(self):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(fa.FullyAsyncTrainerBase, "_fit_update_weights", never)
+    monkeypatch.setattr(fr, "SYNC_POLL_S", 0.1)
+    trainer = fa.DarlFullyAsyncTrainerImpl.__new__(fa.DarlFullyAsyncTrainerImpl)
+    trainer.global_steps, trainer.current_param_version, trainer._requeued, trainer._watching = 3, 2, 0, True
+    trainer.config = OmegaConf.create({"faults": {"generation_timeout_s": 3600}})
+    trainer.checkpoint_manager = SimpleNamespace(replicas=[SimpleNamespace(_server_handle=Handle("9" * 32, "dead"),
+                                                                           _server_address="192.0.2.2:36175")])
+    t0 = time.time()
+    with pytest.raises(fr.RolloutServerError) as e:
+        asyncio.run(trainer._fit_update_weights())
+    assert time.time() - t0 < 5
+    assert str(e.value).startswith("syncing weights to the rollout at trainer step 3 (parameter version 2): a rollout "
+                                   "server died during the weight sync; rollout servers:\n  192.0.2.2:36175 (actor "
+                                   "999999999999): DEAD")
+
+
+def test_guard_weight_sync_async_past_the_timeout_and_a_finished_sync(monkeypatch):
+    monkeypatch.setattr(fr, "PING_TIMEOUT_S", 0.1)
+
+    async def never():
+        await asyncio.sleep(3600)
+
+    with pytest.raises(fr.RolloutServerError, match=r"^step 8: no end after 0.3 s \(faults.generation_timeout_s\)") as e:
+        _run(fr.guard_weight_sync_async(never(), what="step 8", timeout_s=0.3, handles=[Handle("c" * 32, "hung")],
+                                        addresses=["s0"], poll_s=0.1))
+    assert "s0 (actor cccccccccccc): NOT ANSWERING within 0.1 s" in str(e.value)
+
+    async def slow():
+        await asyncio.sleep(0.3)
+        return "synced"
+
+    assert _run(fr.guard_weight_sync_async(slow(), what="x", timeout_s=5, handles=[Handle("a" * 32, "alive")],
+                                           addresses=["s0"], poll_s=0.05)) == "synced"

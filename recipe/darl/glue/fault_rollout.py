@@ -94,6 +94,19 @@ async def guard_generation(work: Awaitable, *, what: str, timeout_s: Optional[fl
     raise error from cause
 
 
+def _sync_failure(what: str, states: list[str], t0: float, timeout_s: Optional[float]) -> Optional[RolloutServerError]:
+    """The error a weight sync still running after `time.time() - t0` s ends with, or None to keep waiting."""
+    late = bool(timeout_s) and time.time() - t0 > timeout_s
+    if not late and not any(": DEAD" in s for s in states):
+        return None
+    reason = (f"no end after {timeout_s:g} s (faults.generation_timeout_s)" if late
+              else "a rollout server died during the weight sync")
+    print(f"[D-ARL] rollout failure detected at {time.time():.3f} ({time.time() - t0:.1f} s into the sync): "
+          f"{what}: {reason}", flush=True)
+    return RolloutServerError(f"{what}: {reason}; rollout servers:\n  " + "\n  ".join(states)
+                              + "\nThe last checkpoint is intact: resume with trainer.resume_mode=auto")
+
+
 def guard_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
                       addresses: Sequence[str], poll_s: Optional[float] = None) -> Any:
     """Runs the blocking `sync()` (verl's weight sync) in a daemon thread and returns its result or raises its
@@ -114,17 +127,26 @@ def guard_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional
     t0 = time.time()
     threading.Thread(target=run, name="darl-weight-sync", daemon=True).start()
     while not finished.wait(poll_s):
-        late = bool(timeout_s) and time.time() - t0 > timeout_s
         states = server_states_now(handles, addresses)
-        if finished.is_set():
-            break
-        if late or any(": DEAD" in s for s in states):
-            reason = (f"no end after {timeout_s:g} s (faults.generation_timeout_s)" if late
-                      else "a rollout server died during the weight sync")
-            print(f"[D-ARL] rollout failure detected at {time.time():.3f} ({time.time() - t0:.1f} s into the sync): "
-                  f"{what}: {reason}", flush=True)
-            raise RolloutServerError(f"{what}: {reason}; rollout servers:\n  " + "\n  ".join(states)
-                                     + "\nThe last checkpoint is intact: resume with trainer.resume_mode=auto")
+        error = None if finished.is_set() else _sync_failure(what, states, t0, timeout_s)
+        if error is not None:
+            raise error
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value")
+
+
+async def guard_weight_sync_async(work: Awaitable, *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
+                                  addresses: Sequence[str], poll_s: Optional[float] = None) -> Any:
+    """`guard_weight_sync` for a sync that is a coroutine (fully-async's): the same checks, on the caller's loop; the
+    sync is cancelled when they end the wait."""
+    task = asyncio.ensure_future(work)
+    poll_s = SYNC_POLL_S if poll_s is None else poll_s
+    t0 = time.time()
+    while not (await asyncio.wait({task}, timeout=poll_s))[0]:
+        states = await server_states(handles, addresses)
+        error = None if task.done() else _sync_failure(what, states, t0, timeout_s)
+        if error is not None:
+            task.cancel()
+            raise error
+    return task.result()

@@ -46,7 +46,8 @@ from ..glue.darts_trainer import ShapingTrainerMixin
 from ..glue.fault_files import check_resume, guarded_verl_save, read_checked, write_checked
 from ..glue.fault_inject import fault_point
 from ..glue.fault_reward import RewardGuardMixin
-from ..glue.fault_rollout import RolloutServerError, generation_timeout, guard_generation, server_states
+from ..glue.fault_rollout import (RolloutServerError, generation_timeout, guard_generation, guard_weight_sync_async,
+                                  server_states)
 from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import ReplayStepMixin
 
@@ -128,23 +129,17 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ShapingTrai
             # The task runner calls this once after both load_checkpoints and before the rollouter starts.
             n, self._requeued = self._requeued, 0
             await self.rollouter.__ray_call__.remote(_count_as_generated, n)
-        timeout = generation_timeout(self.config)
-        try:
-            sync = super()._fit_update_weights()
-            return await (asyncio.wait_for(sync, timeout) if timeout else sync)
-        except asyncio.TimeoutError:  # a hung server never answers the sync's abort call
-            print(f"[D-ARL] rollout failure detected at {time.time():.3f}: the weight sync timed out", flush=True)
-            states = await server_states(*self._rollout_servers())
-            raise RolloutServerError(
-                f"syncing weights to the rollout at trainer step {self.global_steps} (parameter version "
-                f"{self.current_param_version}): no answer after {timeout:g} s (faults.generation_timeout_s); rollout "
-                "servers:\n  " + "\n  ".join(states)) from None
+        handles, addresses = self._rollout_servers()
+        what = (f"syncing weights to the rollout at trainer step {self.global_steps} (parameter version "
+                f"{self.current_param_version})")
+        try:  # a server killed inside the sync leaves verl's sender waiting forever: the guard watches the servers
+            return await guard_weight_sync_async(super()._fit_update_weights(), what=what, handles=handles,
+                                                 addresses=addresses, timeout_s=generation_timeout(self.config))
         except ray.exceptions.RayActorError as e:  # a rollout server died: the sync's abort call finds it first
             print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died during the weight sync", flush=True)
-            states = await server_states(*self._rollout_servers())
+            states = await server_states(handles, addresses)
             raise RolloutServerError(
-                f"syncing weights to the rollout at trainer step {self.global_steps} (parameter version "
-                f"{self.current_param_version}): a rollout server died ({type(e).__name__}); rollout servers:\n  "
+                f"{what}: a rollout server died ({type(e).__name__}); rollout servers:\n  "
                 + "\n  ".join(states) + "\nThe last checkpoint is intact: resume with trainer.resume_mode=auto") from e
 
     async def load_checkpoint(self):
