@@ -39,6 +39,11 @@ def _run(coro):
     return asyncio.run(coro)
 
 
+async def _never(*_):
+    """A wait that outlives every test: a generation, a sample wait or a weight sync on a hung or dead server."""
+    await asyncio.sleep(3600)
+
+
 def test_server_states_names_each_server(monkeypatch):
     handles = [Handle("a" * 32, "alive"), Handle("b" * 32, "dead"), Handle("c" * 32, "hung")]
     states = _run(fr.server_states(handles, ["hf://x/hf_server_0_0", "hf://y/hf_server_1_0", "10.0.0.3:8000"],
@@ -141,6 +146,18 @@ def test_fully_async_a_failed_rollouter_generation_is_an_error_not_a_finished_ru
         assert "hf://r/hf_server_0_0 (actor dddddddddddd): DEAD (ActorDiedError)" in str(e.value)
 
 
+def _fully_async_trainer(step: int, version: int, timeout_s: float, server: "Handle", address: str):
+    """A fully-async D-ARL trainer with only what its weight sync and sample wait read."""
+    from recipe.darl.trainers import fully_async as fa
+
+    trainer = fa.DarlFullyAsyncTrainerImpl.__new__(fa.DarlFullyAsyncTrainerImpl)
+    trainer.global_steps, trainer.current_param_version, trainer._requeued, trainer._watching = step, version, 0, True
+    trainer.config = OmegaConf.create({"faults": {"generation_timeout_s": timeout_s}})
+    trainer.checkpoint_manager = SimpleNamespace(replicas=[SimpleNamespace(_server_handle=server,
+                                                                           _server_address=address)])
+    return trainer
+
+
 def test_fully_async_a_dead_server_at_the_weight_sync_is_an_error_naming_it(monkeypatch):
     from recipe.darl.trainers import fully_async as fa
 
@@ -148,11 +165,7 @@ def test_fully_async_a_dead_server_at_the_weight_sync_is_an_error_naming_it(monk
         raise ray.exceptions.ActorDiedError()
 
     monkeypatch.setattr(fa.FullyAsyncTrainerBase, "_fit_update_weights", sync)
-    trainer = fa.DarlFullyAsyncTrainerImpl.__new__(fa.DarlFullyAsyncTrainerImpl)
-    trainer.global_steps, trainer.current_param_version, trainer._requeued, trainer._watching = 5, 4, 0, True
-    trainer.config = OmegaConf.create({"faults": {"generation_timeout_s": 60}})
-    trainer.checkpoint_manager = SimpleNamespace(replicas=[SimpleNamespace(_server_handle=Handle("e" * 32, "dead"),
-                                                                           _server_address="hf://r/hf_server_0_0")])
+    trainer = _fully_async_trainer(5, 4, 60, Handle("e" * 32, "dead"), "hf://r/hf_server_0_0")
     with pytest.raises(fr.RolloutServerError) as e:
         asyncio.run(trainer._fit_update_weights())
     assert str(e.value).startswith("syncing weights to the rollout at trainer step 5 (parameter version 4): a rollout "
@@ -163,16 +176,9 @@ def test_fully_async_a_dead_server_at_the_weight_sync_is_an_error_naming_it(monk
 def test_fully_async_no_sample_within_the_timeout_is_an_error_naming_the_hung_server(monkeypatch):
     from recipe.darl.trainers import fully_async as fa
 
-    async def wait_forever(self):
-        await asyncio.sleep(3600)
-
-    monkeypatch.setattr(fa.FullyAsyncTrainerBase, "_get_samples_from_queue", wait_forever)
+    monkeypatch.setattr(fa.FullyAsyncTrainerBase, "_get_samples_from_queue", _never)
     monkeypatch.setattr(fr, "PING_TIMEOUT_S", 0.2)
-    trainer = fa.DarlFullyAsyncTrainerImpl.__new__(fa.DarlFullyAsyncTrainerImpl)
-    trainer.global_steps, trainer.current_param_version = 6, 5
-    trainer.config = OmegaConf.create({"faults": {"generation_timeout_s": 0.3}})
-    trainer.checkpoint_manager = SimpleNamespace(replicas=[SimpleNamespace(_server_handle=Handle("f" * 32, "hung"),
-                                                                           _server_address="hf://r/hf_server_0_0")])
+    trainer = _fully_async_trainer(6, 5, 0.3, Handle("f" * 32, "hung"), "hf://r/hf_server_0_0")
     with pytest.raises(fr.RolloutServerError) as e:
         asyncio.run(trainer._get_samples_from_queue())
     assert str(e.value).startswith("collecting the samples of trainer step 6 (parameter version 5): no batch after 0.3 s")
@@ -266,16 +272,9 @@ def test_one_step_off_weight_sync_hanging_on_a_dead_server_names_it_and_the_step
 def test_fully_async_weight_sync_hanging_on_a_dead_server_names_it_and_the_step(monkeypatch):
     from recipe.darl.trainers import fully_async as fa
 
-    async def never(self):
-        await asyncio.sleep(3600)
-
-    monkeypatch.setattr(fa.FullyAsyncTrainerBase, "_fit_update_weights", never)
+    monkeypatch.setattr(fa.FullyAsyncTrainerBase, "_fit_update_weights", _never)
     monkeypatch.setattr(fr, "SYNC_POLL_S", 0.1)
-    trainer = fa.DarlFullyAsyncTrainerImpl.__new__(fa.DarlFullyAsyncTrainerImpl)
-    trainer.global_steps, trainer.current_param_version, trainer._requeued, trainer._watching = 3, 2, 0, True
-    trainer.config = OmegaConf.create({"faults": {"generation_timeout_s": 3600}})
-    trainer.checkpoint_manager = SimpleNamespace(replicas=[SimpleNamespace(_server_handle=Handle("9" * 32, "dead"),
-                                                                           _server_address="192.0.2.2:36175")])
+    trainer = _fully_async_trainer(3, 2, 3600, Handle("9" * 32, "dead"), "192.0.2.2:36175")
     t0 = time.time()
     with pytest.raises(fr.RolloutServerError) as e:
         asyncio.run(trainer._fit_update_weights())
@@ -288,11 +287,8 @@ def test_fully_async_weight_sync_hanging_on_a_dead_server_names_it_and_the_step(
 def test_guard_weight_sync_async_past_the_timeout_and_a_finished_sync(monkeypatch):
     monkeypatch.setattr(fr, "PING_TIMEOUT_S", 0.1)
 
-    async def never():
-        await asyncio.sleep(3600)
-
     with pytest.raises(fr.RolloutServerError, match=r"^step 8: no end after 0.3 s \(faults.generation_timeout_s\)") as e:
-        _run(fr.guard_weight_sync_async(never(), what="step 8", timeout_s=0.3, handles=[Handle("c" * 32, "hung")],
+        _run(fr.guard_weight_sync_async(_never(), what="step 8", timeout_s=0.3, handles=[Handle("c" * 32, "hung")],
                                         addresses=["s0"], poll_s=0.1))
     assert "s0 (actor cccccccccccc): NOT ANSWERING within 0.1 s" in str(e.value)
 
