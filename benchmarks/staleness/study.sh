@@ -39,7 +39,7 @@ scarce --staleness 1 --methods decoupled darl darl_prompt gates_only
 scarce --staleness 1 4 8 --methods darl_prompt_shared
 scarce --staleness 1 4 --methods darl_r1
 scarce --staleness 1 --methods naive equal_update
-scarce --staleness 1 4 --methods darl_e2
+scarce --staleness 1 4 8 --methods darl_e2
 scarce --report-only
 # the same regime through what users run: the CPU seed scripts through verl's two trainers (Ray, FSDP2, hf rollout)
 PIPELINE_STEPS="${PIPELINE_STEPS:-$(( STEPS < 40 ? STEPS : 40 ))}"
@@ -53,10 +53,11 @@ stress_shipped() { "$PY" -m benchmarks.staleness.run_study --out "$OUT/stress_sh
 stress_shipped --staleness 8 --methods decoupled darl naive
 stress_shipped --staleness 8 --seeds 0 1 --methods darl_v2 darl_prompt
 stress_shipped --staleness 8 --seeds 0 --methods sync equal_update gates_only darl_high1
+stress_shipped --staleness 8 --methods darl_e2          # the preset with two passes (ppo_epochs=2)
 stress_shipped --report-only
 # the benign regime from the shipped weights (lr 5e-5, s = 4): per-prompt replay should change nothing (no prompt comes back)
 benign_shipped() { "$PY" -m benchmarks.staleness.run_study --out "$OUT/benign_shipped" --lr 5e-5 "${common[@]}" "$@"; }
-benign_shipped --staleness 4 --methods decoupled darl darl_prompt gates_only naive
+benign_shipped --staleness 4 --methods decoupled darl darl_prompt gates_only naive darl_e2
 benign_shipped --report-only
 if [ -n "${SCARCE_ONLY:-}" ]; then exit 0; fi
 # The second design's study below ran with the preset of the time, the two-sided trust region (today's `darl_v2`,
