@@ -59,8 +59,9 @@ def default_cache_dir() -> Path:
 def remove_torn_binaries(cache_dir: str | os.PathLike | None = None) -> list[Path]:
     """Delete the compiled objects and libraries under `cache_dir` that are not whole ELF files; returns their paths.
 
-    A file is checked while holding inductor's own lock for its key (the name up to the first dot), so a compile in
-    progress in another process is never touched; a lock held elsewhere skips the file.
+    A file that looks torn is checked again and removed while holding inductor's own lock for its key (the name up
+    to the first dot), so a compile in progress in another process is never touched; a lock held elsewhere skips
+    the file. Whole files take no lock.
     """
     from filelock import FileLock, Timeout  # the lock torch.utils._filelock wraps: same files, same protocol
 
@@ -74,7 +75,13 @@ def remove_torn_binaries(cache_dir: str | os.PathLike | None = None) -> list[Pat
         for path in sub.rglob("*"):
             if path.suffix not in SUFFIXES or not path.is_file() or path.is_symlink():
                 continue
+            try:
+                if is_whole_elf(path):
+                    continue  # the common case: no lock taken
+            except FileNotFoundError:
+                continue
             key = path.name.split(".", 1)[0]
+            (root / "locks").mkdir(exist_ok=True)
             try:
                 with FileLock(str(root / "locks" / f"{key}.lock"), timeout=0):
                     if path.is_file() and not is_whole_elf(path):
