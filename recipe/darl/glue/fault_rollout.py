@@ -25,6 +25,14 @@ class RolloutServerError(RuntimeError):
     """The rollout could not produce a batch: a server died or a generation outlived the timeout."""
 
 
+RESUME_HINT = "The last checkpoint is intact: resume with trainer.resume_mode=auto"
+
+
+def server_error(what: str, reason: str, states: Sequence[str], hint: str = RESUME_HINT) -> RolloutServerError:
+    """`<what>: <reason>; rollout servers:` one line per server, then what to do."""
+    return RolloutServerError(f"{what}: {reason}; rollout servers:\n  " + "\n  ".join(states) + "\n" + hint)
+
+
 def _ping(actor) -> int:
     return 0
 
@@ -77,17 +85,14 @@ async def guard_generation(work: Awaitable, *, what: str, timeout_s: Optional[fl
         return await work
     except asyncio.TimeoutError:
         states = await server_states(handles, addresses)
-        error = RolloutServerError(
-            f"{what}: no batch after {timeout_s:g} s (faults.generation_timeout_s); rollout servers:\n  "
-            + "\n  ".join(states) + "\nA hung server (or a generation slower than the timeout: raise it)")
+        error = server_error(what, f"no batch after {timeout_s:g} s (faults.generation_timeout_s)", states,
+                             hint="A hung server (or a generation slower than the timeout: raise it)")
         cause = None
     except ray.exceptions.RayError as e:
         states = await server_states(handles, addresses)
         if not any(": DEAD" in s for s in states) and not isinstance(e, ray.exceptions.RayActorError):
             raise
-        error = RolloutServerError(
-            f"{what}: a rollout server died during generation ({type(e).__name__}); rollout servers:\n  "
-            + "\n  ".join(states) + "\nThe last checkpoint is intact: resume with trainer.resume_mode=auto")
+        error = server_error(what, f"a rollout server died during generation ({type(e).__name__})", states)
         cause = e
     print(f"[D-ARL] rollout failure detected at {time.time():.3f} ({time.time() - t0:.1f} s into the wait): "
           f"{str(error).splitlines()[0]}", flush=True)
@@ -103,8 +108,7 @@ def _sync_failure(what: str, states: list[str], t0: float, timeout_s: Optional[f
               else "a rollout server died during the weight sync")
     print(f"[D-ARL] rollout failure detected at {time.time():.3f} ({time.time() - t0:.1f} s into the sync): "
           f"{what}: {reason}", flush=True)
-    return RolloutServerError(f"{what}: {reason}; rollout servers:\n  " + "\n  ".join(states)
-                              + "\nThe last checkpoint is intact: resume with trainer.resume_mode=auto")
+    return server_error(what, reason, states)
 
 
 def guard_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional[float], handles: Sequence[Any],

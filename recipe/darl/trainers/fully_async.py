@@ -47,7 +47,7 @@ from ..glue.fault_files import check_resume, guarded_verl_save, read_checked, wr
 from ..glue.fault_inject import fault_point
 from ..glue.fault_reward import RewardGuardMixin
 from ..glue.fault_rollout import (RolloutServerError, generation_timeout, guard_generation, guard_weight_sync_async,
-                                  server_states)
+                                  server_error, server_states)
 from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import ReplayStepMixin
 
@@ -138,9 +138,7 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ShapingTrai
         except ray.exceptions.RayActorError as e:  # a rollout server died: the sync's abort call finds it first
             print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died during the weight sync", flush=True)
             states = await server_states(handles, addresses)
-            raise RolloutServerError(
-                f"{what}: a rollout server died ({type(e).__name__}); rollout servers:\n  "
-                + "\n  ".join(states) + "\nThe last checkpoint is intact: resume with trainer.resume_mode=auto") from e
+            raise server_error(what, f"a rollout server died ({type(e).__name__})", states) from e
 
     async def load_checkpoint(self):
         if self.config.trainer.resume_mode == "auto":

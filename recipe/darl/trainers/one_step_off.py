@@ -15,8 +15,7 @@ from ..glue.darts_trainer import ShapingTrainerMixin
 from ..glue.fault_files import check_resume, guarded_verl_save
 from ..glue.fault_inject import fault_point
 from ..glue.fault_reward import RewardGuardMixin
-from ..glue.fault_rollout import (RolloutServerError, generation_timeout, guard_generation, guard_weight_sync,
-                                  server_states_now)
+from ..glue.fault_rollout import generation_timeout, guard_generation, guard_weight_sync, server_error, server_states_now
 from ..glue.graceful_stop import GracefulStopMixin
 from ..glue.replay_mixin import BUFFER_FILE, ReplayStepMixin
 
@@ -57,35 +56,35 @@ class DarlTrainer(GracefulStopMixin, RewardGuardMixin, ShapingTrainerMixin, Repl
         self._clear_stale_stop_request()
         return result
 
+    def _rollout_servers(self) -> tuple[list, list]:
+        """(actor handles, addresses) of the rollout servers verl's one-step-off trainer generates with."""
+        manager = getattr(self, "llm_server_manager", None)
+        return getattr(manager, "server_handles", []), getattr(manager, "server_addresses", [])
+
     async def _async_gen_next_batch(self, continuous_iterator):
         # a dead server or a generation past faults.generation_timeout_s: an error naming the servers and the step
         step = self.global_steps + (1 if getattr(self, "_darl_generating", False) else 0)  # the first batch is step t's
         self._darl_generating = True
-        manager = getattr(self, "llm_server_manager", None)
+        handles, addresses = self._rollout_servers()
         return await guard_generation(
             super()._async_gen_next_batch(continuous_iterator),
             what=f"generating the batch of trainer step {step} (rollout weights of step {step - 1})",
-            timeout_s=generation_timeout(self.config), handles=getattr(manager, "server_handles", []),
-            addresses=getattr(manager, "server_addresses", []))
+            timeout_s=generation_timeout(self.config), handles=handles, addresses=addresses)
 
     def _fit_update_weights(self):
         # a rollout server that died after its last batch: the weight sync, not a generation, finds it first; one
         # killed inside the sync leaves verl's sender waiting on it forever, hence the watch
-        manager = getattr(self, "llm_server_manager", None)
-        handles, addresses = getattr(manager, "server_handles", []), getattr(manager, "server_addresses", [])
+        handles, addresses = self._rollout_servers()
+        what = f"syncing weights to the rollout at trainer step {self.global_steps}"
         try:
-            return guard_weight_sync(super()._fit_update_weights, handles=handles, addresses=addresses,
-                                     what=f"syncing weights to the rollout at trainer step {self.global_steps}",
+            return guard_weight_sync(super()._fit_update_weights, what=what, handles=handles, addresses=addresses,
                                      timeout_s=generation_timeout(self.config))
         except ray.exceptions.RayError as e:
             states = server_states_now(handles, addresses)
             if not any(": DEAD" in s for s in states) and not isinstance(e, ray.exceptions.RayActorError):
                 raise
             print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died before the weight sync", flush=True)
-            raise RolloutServerError(
-                f"syncing weights to the rollout at trainer step {self.global_steps}: a rollout server died "
-                f"({type(e).__name__}); rollout servers:\n  " + "\n  ".join(states)
-                + "\nThe last checkpoint is intact: resume with trainer.resume_mode=auto") from e
+            raise server_error(what, f"a rollout server died ({type(e).__name__})", states) from e
 
     def _fit_update_actor(self, batch):
         fault_point("update", self.global_steps)
