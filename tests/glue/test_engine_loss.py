@@ -8,6 +8,9 @@ records the gradients it is asked to apply. This runs for several micro-batch cu
 remove-padding, with dynamic batch sizes, and over two data-parallel ranks (torch.multiprocessing, the
 mini-batch cut as verl's Ray dispatch cuts it).
 
+On a GPU, `test_engine_gradient_on_cuda` runs the same mini-batch through the engine on CUDA (NCCL) in fp32
+and in verl's default bf16 mixed precision (skipped without one; docs/gpu.md section 9 has its figures).
+
 This process builds the batch (three behavior versions, `pmis` with rescored log-probs, `ess` source
 weights, per-source clip decay) and computes the loss of DESIGN.md section 4 directly, written out
 below, on the same weights loaded into a plain transformers model; the gradients must agree.
@@ -289,6 +292,52 @@ def test_forward_only_engine_log_probs(engine, setup):
 
 
 # ----------------------------------------------------------------------------------------------
+# on a GPU: verl's CUDA platform, NCCL, fp32 and verl's default bf16 mixed precision
+
+# name: (param_dtype, use_remove_padding, micro_batch_size_per_gpu, use_dynamic_bsz)
+CUDA_RUNS = {
+    "fp32/rmpad/micro2": ("fp32", True, 2, False),
+    "fp32/rmpad/dynamic": ("fp32", True, None, True),
+    "fp32/padded/micro2": ("fp32", False, 2, False),
+    "bf16/rmpad/micro2": ("bf16", True, 2, False),
+    "bf16/rmpad/dynamic": ("bf16", True, None, True),
+    "bf16/padded/micro2": ("bf16", False, 2, False),
+}
+BF16_GRAD_REL_ERR = 0.05  # ||g - g_ref|| / ||g_ref|| over all parameters; bf16 keeps 8 significant bits
+
+
+def _flat(grads: dict) -> torch.Tensor:
+    return torch.cat([g.flatten() for _, g in sorted(grads.items())])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run there: pytest -s -k cuda)")
+def test_engine_gradient_on_cuda(setup, reference, tiny_model_path, run_python):
+    """The same mini-batch through verl's engine on CUDA: fp32 gives section 4's gradient, bf16 gives it to bf16's
+    precision, for packed, padded and dynamic micro-batches. Prints the errors (docs/gpu.md quotes them)."""
+    batch_file, out_file = setup["dir"] / "batch_cuda.pt", setup["dir"] / "engine_cuda.pt"
+    torch.save({k: v for k, v in setup["batch"].items() if not k.startswith("_")}, batch_file)
+    run_python([str(HERE), tiny_model_path, str(batch_file), str(out_file), "cuda"], platform=None, timeout=600)
+    engine = torch.load(out_file)
+    cfg = engine["config"]
+    assert cfg["platform"] != "PlatformCPU" and "cuda:nccl" in cfg["backend"] and cfg["fsdp2_module"], cfg
+    expected = _flat(reference["grads"])
+    errors = {}
+    for run, out in engine["runs"].items():
+        got = _flat(out["grads"])
+        errors[run] = {"grad_rel_err": ((got - expected).norm() / expected.norm()).item(),
+                       "loss": out["metrics"]["actor/pg_loss"], "loss_ref": reference["loss"]}
+        if run.startswith("fp32"):
+            for name, exp in reference["grads"].items():
+                torch.testing.assert_close(out["grads"][name], exp, atol=1e-4, rtol=1e-3, msg=lambda m: f"{run} {name}: {m}")
+            assert out["metrics"]["actor/pg_loss"] == pytest.approx(reference["loss"], rel=1e-4, abs=1e-5)
+        else:
+            assert errors[run]["grad_rel_err"] < BF16_GRAD_REL_ERR, (run, errors[run])
+            assert out["metrics"]["actor/pg_loss"] == pytest.approx(reference["loss"], rel=0.02, abs=1e-3)
+    assert engine["runs"]["bf16/rmpad/micro2"]["autocast_dtype"] == "torch.bfloat16"
+    print(json.dumps({"cuda_engine_loss": {"config": cfg, "errors": errors}}))
+
+
+# ----------------------------------------------------------------------------------------------
 # the engine side (run as a script with VERL_PLATFORM=cpu)
 
 
@@ -303,8 +352,9 @@ def _free_port() -> int:
 class _Engine:
     """verl's TrainingWorker (in this process) with the D-ARL loss and a gradient-recording optimizer."""
 
-    def __init__(self, model_path: str, tensors: dict):
+    def __init__(self, model_path: str, tensors: dict, param_dtype: str = "fp32"):
         torch.set_num_threads(1)
+        self.param_dtype = param_dtype
         from verl.workers.config import FSDPActorConfig
 
         from recipe.darl.glue.actor_loss import darl_loss
@@ -324,13 +374,14 @@ class _Engine:
         from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
         from verl.workers.engine_workers import TrainingWorker
 
-        fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+        # verl's GPU default is bf16 parameters in compute, fp32 reduction and master weights
+        precision = {"param_dtype": self.param_dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
         config = TrainingWorkerConfig(
             model_type="language_model",
             model_config=HFModelConfig(path=self.model_path, override_config={"attn_implementation": "sdpa"},
                                        use_remove_padding=use_remove_padding),
             engine_config=FSDPEngineConfig(strategy="fsdp2", forward_only=forward_only, use_torch_compile=False,
-                                           mixed_precision=fp32, use_dynamic_bsz=False, micro_batch_size_per_gpu=2,
+                                           mixed_precision=precision, use_dynamic_bsz=False, micro_batch_size_per_gpu=2,
                                            infer_micro_batch_size_per_gpu=2),
             optimizer_config=None if forward_only else FSDPOptimizerConfig(lr=1e-3, clip_grad=1e9, total_training_steps=1),
             checkpoint_config=CheckpointConfig(),
@@ -374,7 +425,7 @@ class _Engine:
                 for group in self.param_groups:
                     for p in group["params"]:
                         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-                        grads.append(grad.detach().clone())
+                        grads.append(grad.detach().to("cpu", torch.float32, copy=True))
                 self.steps.append(grads)
 
         engine = worker.engine
@@ -472,5 +523,31 @@ def _engine_main(model_path: str, batch_file: str, out_file: str) -> None:
     print(json.dumps({k: v["micro_batch_sizes"] for k, v in result["runs"].items()}))
 
 
+def _cuda_main(model_path: str, batch_file: str, out_file: str) -> None:
+    """The CUDA_RUNS on one GPU, world size 1 (verl picks its CUDA platform and NCCL)."""
+    from verl.plugin.platform import get_platform
+
+    os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    tensors = torch.load(batch_file)
+    result, workers = {"runs": {}}, {}
+    for name, (dtype, rmpad, micro, dynamic) in CUDA_RUNS.items():
+        runner = _Engine(model_path, tensors, param_dtype=dtype)
+        if (dtype, rmpad) not in workers:
+            workers[dtype, rmpad] = runner.worker(rmpad)
+        worker = workers[dtype, rmpad]
+        result["runs"][name] = runner.train(worker, runner.trainer_batch(False), micro, dynamic)
+        result["runs"][name]["autocast_dtype"] = str(worker.engine._autocast_dtype)
+    engine = workers["bf16", True].engine
+    result["config"] = {
+        "platform": type(get_platform()).__name__, "device": torch.cuda.get_device_name(),
+        "backend": torch.distributed.get_backend(), "torch": str(torch.__version__),
+        "attn_implementation": engine.model_config.hf_config._attn_implementation,
+        "fsdp2_module": type(engine.module).__name__.startswith("FSDP"),
+    }
+    torch.save(result, out_file)
+    print(json.dumps({k: v["micro_batch_sizes"] for k, v in result["runs"].items()}))
+
+
 if __name__ == "__main__":
-    _engine_main(*sys.argv[1:4])
+    (_cuda_main if sys.argv[4:] == ["cuda"] else _engine_main)(*sys.argv[1:4])
