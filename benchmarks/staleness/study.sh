@@ -4,7 +4,7 @@
 # the shipped weights only.
 #   bash benchmarks/staleness/study.sh [OUT]            (default runs/study; the times are in the Makefile's make evidence)
 #   STEPS=10 SEEDS=0 bash benchmarks/staleness/study.sh runs/study-mini    # reduced: 1 seed, 10 steps, minutes
-# The pipeline part (pipeline_check.sh, 33 runs) takes PIPELINE_STEPS (default 40, or STEPS when smaller), about 4 min
+# The pipeline part (pipeline_check.sh, 39 runs) takes PIPELINE_STEPS (default 40, or STEPS when smaller), about 4 min
 # a run of 40 steps; NO_PIPELINE=1 skips it.
 # Benign: the shipped CPU scripts' settings (lr 5e-5). Stress: lr 2e-4 at s = 8, where decoupled PPO collapses
 # and synchronous training still learns (the calibration is in docs/evidence.md).
@@ -48,6 +48,8 @@ pipeline() { [ -n "${NO_PIPELINE:-}" ] && return 0; TASK=scarce LR=1e-4 STEPS="$
 TRAINERS="one_step_off fully_async" CONFIGS="decoupled gates_only pmis_sg pmis_sg_prompt" pipeline
 TRAINERS=one_step_off CONFIGS="async equal_update" pipeline
 TRAINERS=fully_async CONFIGS="sync" pipeline
+# the preset with two passes (ppo_epochs=2) through both trainers (sixth session)
+TRAINERS="one_step_off fully_async" CONFIGS="pmis_sg_e2" pipeline
 # more seeds where the preset and decoupled differed by less than two standard errors (fifth session); full runs only
 if [ "$SEEDS" = "0 1 2" ]; then
     SEEDS="3 4 5" TRAINERS=fully_async CONFIGS="decoupled pmis_sg" pipeline
