@@ -2,7 +2,8 @@
 
 Builds a randomly initialised Qwen3 of the chosen shape (`--model qwen3-1.7b` is Qwen3-1.7B's config: 28 layers,
 hidden 2048, vocab 151,936), verl's `TrainingWorker` as the actor uses it (FSDP2, verl's default bf16 mixed
-precision, remove-padding, gradient checkpointing, dynamic micro-batches of `--max-tokens` tokens, AdamW), and
+precision, remove-padding, gradient checkpointing, dynamic micro-batches of `--max-tokens` tokens, AdamW;
+torch.compile only with `--compile`, although verl's default and the GPU scripts have it on), and
 one verl-shaped mini-batch: `--prompts` x `--n` samples, prompts left-padded to `--prompt-length`, responses
 right-padded to `--response-length` (lengths uniform in [1/4, 1] of each), samples spread over `--k` behavior
 versions. The same mini-batch is trained alternately with
@@ -143,21 +144,6 @@ def trainer_batch(tensors: dict, samples: int):
     return td
 
 
-def profile(worker, loss_fn, td, cuda: bool) -> None:
-    """Where one mini-batch's time goes: torch.profiler's top operators by device and by host time."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    worker.set_loss_fn(loss_fn)
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-    with torch_profile(activities=activities) as prof:
-        worker.train_mini_batch(td)
-        if cuda:
-            torch.cuda.synchronize()
-    for key in (["self_cuda_time_total"] if cuda else []) + ["self_cpu_time_total"]:
-        print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=60), flush=True)
-
-
 def raw_step(model_path: str, args, device: str) -> None:
     """transformers alone: fp32 weights, bf16 autocast, gradient checkpointing, sdpa; one padded micro-batch of
     about --max-tokens tokens (rows of prompt + response length); log-prob loss. Prints seconds and TFLOP/s."""
@@ -205,7 +191,6 @@ def main() -> None:
                         help="verl's use_fused_kernels with this impl_backend (log-probs without the logits)")
     parser.add_argument("--compile", action="store_true", help="verl's use_torch_compile (its default; off here)")
     parser.add_argument("--repeats", type=int, default=3, help="timed mini-batches per loss, after one warm-up each")
-    parser.add_argument("--profile", action="store_true", help="then one darl pass under torch.profiler: top ops")
     parser.add_argument("--raw", action="store_true",
                         help="only time transformers' forward + backward of one --max-tokens micro-batch, no verl")
     parser.add_argument("--json", help="also write the figures to this file")
@@ -246,8 +231,6 @@ def main() -> None:
                 print(f"{name} pass {rep}{' (warm-up)' if rep == 0 else ''}: {seconds:.2f} s", flush=True)
                 if rep > 0:  # the first pass of each loss warms up kernels and the allocator
                     times[name].append(seconds)
-        if args.profile:
-            profile(worker, fns["darl"], trainer_batch(tensors, samples), cuda)
         params = sum(p.numel() for p in worker.engine.module.parameters())
     tokens = int(tensors["attention_mask"].sum())
     result = {

@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes after one warm-up; the minimum is kept")
+    parser.add_argument("--repeats", type=int, default=2, help="timed passes after one warm-up; the minimum is kept")
     args = parser.parse_args()
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     result = {}

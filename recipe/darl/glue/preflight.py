@@ -7,7 +7,7 @@ the workers load the model, after Ray, the workers and vLLM have started. `selec
 to PyTorch's `sdpa` when `flash_attn` cannot be imported and the user did not choose an implementation
 (the key the CPU platform sets, recipe/darl/cpu/platform.py), and returns the line to print. The line
 also says what else is lost: verl's log-probs without flash-attn's cross-entropy loop over tokens
-(`logprobs_from_logits_v2`), measured about 100x slower than one log_softmax on an H100.
+(`logprobs_from_logits_v2`), measured 70-110x slower than one log_softmax on an H100.
 
 Logger. `wandb.init` without credentials raises `UsageError: No API key configured`; verl calls it
 when the trainer starts (one-step-off: at the start of `fit()`, after every model and vLLM engine has
