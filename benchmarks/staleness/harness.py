@@ -112,6 +112,7 @@ class HarnessConfig:
     success_max_age: Optional[int] = None
     prompt_replay: Any = False  # replay.prompt_replay: responses kept per prompt (per-prompt replay, RePO); False: off
     prompt_replay_budget: str = "extra"  # replay.prompt_replay_budget: history groups on top (extra) or in the replay budget (shared)
+    prompt_replay_norm: str = "split"  # replay.prompt_replay_norm: history advantages alone (split) or over 2n (mixed)
     eval_every: int = 20  # steps; 0: only at the start and the end
     val_size: int = 500
     eval_batch_size: int = 256
@@ -141,7 +142,8 @@ class HarnessConfig:
                             clip_decay=self.clip_decay, stop_grad=self.stop_grad, order=self.order,
                             ratio=self.ratio, m2_budget=self.m2_budget, behavior_clip=self.behavior_clip,
                             behavior_clip_high=self.behavior_clip_high, success=self.success, success_max_age=self.success_max_age,
-                            prompt_replay=self.prompt_replay, prompt_replay_budget=self.prompt_replay_budget)
+                            prompt_replay=self.prompt_replay, prompt_replay_budget=self.prompt_replay_budget,
+                            prompt_replay_norm=self.prompt_replay_norm)
 
     @property
     def name(self) -> str:
@@ -160,7 +162,8 @@ class HarnessConfig:
         if self.success:
             parts.append(f"success{self.success}")
         if self.prompt_replay:
-            parts.append(f"prompt{self.prompt_replay}" + ("shared" if self.prompt_replay_budget == "shared" else ""))
+            parts.append(f"prompt{self.prompt_replay}" + ("shared" if self.prompt_replay_budget == "shared" else "")
+                         + ("mixed" if self.prompt_replay_norm == "mixed" else ""))
         if not self.filter_zero_adv:
             parts.append("keep0adv")
         if not self.stop_grad:
@@ -333,7 +336,8 @@ class Harness:
             "versions": torch.cat([g.versions for g in groups]),
             "rewards": torch.cat([g.rewards for g in groups]),
             "lengths": lengths,
-            "uids": np.concatenate([np.array([g.uid] * g.n, dtype=object) for g in groups]),
+            # GRPO's index: a group's own uid, or its fresh group's (a history group under prompt_replay_norm=mixed)
+            "uids": np.concatenate([np.array([g.advantage_index] * g.n, dtype=object) for g in groups]),
         }
 
     @torch.no_grad()
@@ -374,6 +378,7 @@ class Harness:
             m["dropped_zero_adv"] = cands.dropped_zero_adv
             m["success_grafted"] = cands.grafted
             m["history_groups"] = len(cands.history)
+            m["history_partners"] = len(cands.history_partners)
             m["warmup"] = float(cands.warmup)
         else:
             candidates = fresh

@@ -1,6 +1,8 @@
 """Per-prompt replay (`replay.prompt_replay`, RePO), by hand: which responses a returning prompt replays, how its
 history group is built and weighted, and what the buffer does with it."""
 
+import math
+
 import pytest
 import torch
 
@@ -161,3 +163,65 @@ def test_bad_budget_settings_name_the_key(values, message):
     with pytest.raises(ValueError, match=message):
         ReplayConfig(**values)
     assert ReplayConfig(prompt_replay=16, prompt_replay_budget="shared", pmis=False, ratio=0.5).prompt_replay_budget == "shared"
+
+
+def _grpo(groups) -> list[float]:
+    """verl's GRPO advantage of each response of `groups`, indexed as the trainers index it (advantage_index)."""
+    import numpy as np
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    rewards = torch.cat([g.rewards for g in groups])
+    index = np.array([g.advantage_index for g in groups for _ in range(g.n)], dtype=object)
+    adv, _ = compute_grpo_outcome_advantage(rewards.unsqueeze(1), torch.ones(len(rewards), 1), index)
+    return adv[:, 0].tolist()
+
+
+@pytest.mark.parametrize("norm", ["split", "mixed"])
+def test_mixed_normalises_a_prompts_fresh_and_history_groups_together(norm):
+    buf = ReplayBuffer(k=2, warmup=0, prompt_replay=3, prompt_replay_norm=norm)
+    _visit(buf, [group("a", 1, [1.0, 0.0, 0.0], base=-1.0)], 1)
+    fresh = group("b", 2, [0.0, 0.0, 0.0], base=-2.0)  # all wrong: no advantage of its own
+    cands = buf.begin_step([fresh], 2)
+    (hist,) = cands.history
+    assert hist.uid == "b:history" and hist.rewards.tolist() == [1.0, 0.0, 0.0]
+    if norm == "split":
+        # the fresh group is dropped; the history group is normalised alone: mean 1/3, std sqrt(1/3)
+        assert cands.dropped_zero_adv == 1 and cands.history_partners == [] and cands.fresh == [hist]
+        assert hist.advantage_index == "b:history" and list(hist.non_tensors["uid"]) == ["b:history"] * 3
+        s = math.sqrt(1 / 3)
+        assert _grpo(cands.fresh) == pytest.approx([(2 / 3) / s, -(1 / 3) / s, -(1 / 3) / s], rel=1e-5)
+    else:
+        # the 2n = 6 rewards (0, 0, 0, 1, 0, 0) share one normalisation: mean 1/6, std (unbiased) sqrt(1/6);
+        # the fresh failures get -1/sqrt(6) each, the replayed success 5/sqrt(6)
+        assert cands.dropped_zero_adv == 0 and cands.history_partners == [fresh] and cands.fresh == [fresh, hist]
+        assert hist.advantage_index == "b" and list(hist.non_tensors["uid"]) == ["b"] * 3
+        r6 = math.sqrt(6)
+        assert _grpo(cands.fresh) == pytest.approx([-1 / r6] * 3 + [5 / r6, -1 / r6, -1 / r6], rel=1e-5)
+    buf.end_step(cands, cands.fresh)
+    # neither the history group nor the equal-reward fresh group enters the buffer; the store gets b's responses
+    assert [g.uid for g in buf.groups] == ["a"] and buf.next_seq == 2 and len(buf.prompts) == 3
+
+
+def test_mixed_keeps_an_equal_reward_history_group_beside_an_informative_fresh_one_and_drops_equal_pairs():
+    for norm, kept in (("split", 0), ("mixed", 1)):
+        buf = ReplayBuffer(k=1, warmup=0, prompt_replay=2, prompt_replay_norm=norm)
+        _visit(buf, [group("a", 1, [1.0, 1.0], base=-1.0)], 1)
+        cands = buf.begin_step([group("b", 2, [1.0, 0.0])], 2)  # history (1, 1): informative only beside b
+        assert len(cands.history) == kept and cands.history_zero_adv == 1 - kept and cands.history_partners == []
+    buf = ReplayBuffer(k=1, warmup=0, prompt_replay=2, prompt_replay_norm="mixed")
+    _visit(buf, [group("a", 1, [1.0, 1.0], base=-1.0)], 1)
+    cands = buf.begin_step([group("b", 2, [1.0, 1.0])], 2)  # all four rewards 1: nothing to learn, both dropped
+    assert cands.fresh == [] and cands.dropped_zero_adv == 1 and cands.history_zero_adv == 1
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"prompt_replay_norm": "joint"}, "replay.prompt_replay_norm must be 'split' or 'mixed'"),
+    ({"prompt_replay_norm": "mixed"}, "replay.prompt_replay_norm=mixed but replay.prompt_replay is false"),
+    ({"prompt_replay": 16, "prompt_replay_norm": "mixed", "prompt_replay_budget": "shared"}, "needs replay.prompt_replay_budget=extra"),
+    ({"prompt_replay": 16, "prompt_replay_norm": "mixed", "ratio": False}, "needs replay.ratio"),
+])
+def test_bad_norm_settings_name_the_key(values, message):
+    with pytest.raises(ValueError, match=message):
+        ReplayConfig(**values)
+    with pytest.raises(ValueError, match="replay.prompt_replay_norm must be"):
+        PromptStore(per_prompt=4, norm="joint")

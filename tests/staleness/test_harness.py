@@ -212,6 +212,26 @@ def test_shared_budget_trains_history_groups_within_the_presets_step(model_dir):
     assert all(m["trained_versions"] >= 2 for m in shared[2:] if not m["skipped"])
 
 
+def test_mixed_norm_normalises_history_groups_with_their_fresh_group(model_dir):
+    runs = {}
+    for norm in ("split", "mixed"):
+        h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0,
+                 prompt_replay_norm=norm)
+        runs[norm] = run_steps(h, 3)
+        if norm == "mixed":
+            # the index GRPO normalises by: a history group's rows carry their fresh group's uid
+            last = h.buffer.groups[-1]
+            (hist,) = h.buffer.prompts.history_groups([last])
+            assert hist.uid == last.uid + ":history" and h.batch_of([hist])["uids"].tolist() == [last.uid] * 4
+    assert h.config.name.endswith("prompt8mixed")
+    split, mixed = runs["split"], runs["mixed"]
+    # steps 0-1: no prompt has come back, so the two normalisations train the same groups to the same loss
+    assert [m["loss"] for m in split[:2]] == [m["loss"] for m in mixed[:2]]
+    # step 2: every prompt is back with a history group; one normalisation over 2n gives other advantages
+    assert split[2]["history_groups"] >= 1 and mixed[2]["history_groups"] >= 1
+    assert mixed[2]["loss"] != pytest.approx(split[2]["loss"])
+
+
 def test_scarce_task_with_prompt_replay_trains_history_groups_of_returning_prompts(model_dir):
     h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0, steps=6)
     # pool of 8, 4 prompts a step: every prompt comes back at step 2 with its 4 responses of pass one stored

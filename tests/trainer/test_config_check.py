@@ -50,6 +50,7 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
         (REPLAY_ON + ("replay.prompt_replay=1",), "replay.prompt_replay must be false or an integer >= 2"),
         (("replay.prompt_replay=16",), "replay.prompt_replay=16 needs replay.enable=true"),
         (REPLAY_ON + ("replay.prompt_replay_budget=shared",), "replay.prompt_replay_budget=shared but replay.prompt_replay is false"),
+        (REPLAY_ON + ("replay.prompt_replay=16", "replay.prompt_replay_norm=mixed", "replay.ratio=false"), "replay.prompt_replay_norm=mixed needs replay.ratio"),
         (("replay.success=1",), "replay.success=1 needs replay.enable=true"),
     ],
 )

@@ -316,6 +316,30 @@ def test_prompt_replay_budget_history_on_top_or_first_in_the_replay_budget(repla
     assert trainer.metrics["replay/fresh_deferred"] == 0
 
 
+@pytest.mark.parametrize("norm", ["split", "mixed"])
+def test_prompt_replay_norm_mixed_normalises_fresh_and_history_rows_together(replay_cfg, batch_maker, norm):
+    step1, a, step2 = _same_prompt_twice(batch_maker)  # step 2: the prompt again, both responses wrong
+    trainer = make_trainer(replay_cfg("replay.k=1", "replay.prompt_replay=2", f"replay.prompt_replay_norm={norm}",
+                                      design=()), {a: 0.0, "b": 0.0, "b:history": 0.0})
+    run_step(trainer, step1)
+    run_step(trainer, step2)
+    trained = trainer.trained[-1]
+    adv = (trained.batch["advantages"].sum(-1) / trained.batch["response_mask"].sum(-1)).tolist()
+    if norm == "split":
+        # b is dropped (no advantage); its history group (step 1's responses, rewards 1, 0) is trained alone
+        assert list(trained.non_tensor_batch["uid"]) == ["b:history"] * 2
+        assert adv == pytest.approx([1 / math.sqrt(2), -1 / math.sqrt(2)], rel=1e-4)
+        assert trainer.metrics["replay/history_partners"] == 0
+    else:
+        # b's rows, then its history's, all under uid b: verl's GRPO over (0, 0, 1, 0): mean 1/4, std 1/2
+        assert list(trained.non_tensor_batch["uid"]) == ["b"] * 4
+        assert trained.batch["token_level_scores"].sum(-1).tolist() == [0.0, 0.0, 1.0, 0.0]
+        assert list(trained.non_tensor_batch["min_global_steps"]) == [1, 1, 0, 0]
+        assert adv == pytest.approx([-0.5, -0.5, 1.5, -0.5], rel=1e-4)
+        assert trainer.metrics["replay/history_partners"] == 1
+    assert trainer.metrics["replay/history_trained"] == 1 and len(trainer.buffer) == 0
+
+
 def test_success_replay_grafts_a_past_success_into_an_all_wrong_group(replay_cfg, batch_maker):
     step1, a, step2 = _same_prompt_twice(batch_maker)
     trainer = make_trainer(replay_cfg("replay.k=1", "replay.success=1", design=()), {a: 0.0, "b": 0.0})

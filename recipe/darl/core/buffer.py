@@ -51,6 +51,9 @@ class Group:
     # [n] int64 behavior version of each sample when they differ (a grafted success, `replay.success`);
     # None: every sample has `version`
     sample_versions: Optional[torch.Tensor] = None
+    # the GRPO group its advantages are normalised in, when it is not its own (`prompt_replay_norm: mixed`: a
+    # history group shares its fresh group's); None: `uid`
+    advantage_uid: Optional[str] = None
 
     @property
     def n(self) -> int:
@@ -71,6 +74,11 @@ class Group:
     @property
     def num_tokens(self) -> int:
         return int(self.response_ids.shape[0])
+
+    @property
+    def advantage_index(self) -> str:
+        """The index GRPO normalises this group's advantages under (verl's `uid`)."""
+        return self.uid if self.advantage_uid is None else self.advantage_uid
 
     @property
     def zero_advantage(self) -> bool:
@@ -150,6 +158,8 @@ class StepCandidates:
     # history groups (`replay.prompt_replay`): in `fresh` and `candidates` (trained like fresh ones), never buffered
     history: list[Group] = field(default_factory=list)
     history_zero_adv: int = 0  # history groups dropped for equal rewards
+    # fresh groups with equal rewards trained only for their history group (`prompt_replay_norm: mixed`); not buffered
+    history_partners: list[Group] = field(default_factory=list)
 
 
 @dataclass
@@ -172,17 +182,19 @@ class ReplayBuffer:
         success: int | bool = False,
         success_max_age: Optional[int] = None,
         prompt_replay: int | bool = False,
+        prompt_replay_norm: str = "split",
     ) -> None:
         # ReplayConfig checks every value and names the key of any bad one
         ReplayConfig(k=k, warmup=warmup, filter_zero_adv=filter_zero_adv, max_reuse=max_reuse, max_groups=max_groups,
-                     success=success, success_max_age=success_max_age, prompt_replay=prompt_replay)
+                     success=success, success_max_age=success_max_age, prompt_replay=prompt_replay,
+                     prompt_replay_norm=prompt_replay_norm)
         self.k = k
         self.warmup = warmup
         self.filter_zero_adv = filter_zero_adv
         self.max_reuse = max_reuse
         self.max_groups = max_groups
         self.successes: Optional[SuccessStore] = SuccessStore(success, success_max_age) if success else None
-        self.prompts: Optional[PromptStore] = PromptStore(prompt_replay) if prompt_replay else None
+        self.prompts: Optional[PromptStore] = PromptStore(prompt_replay, prompt_replay_norm) if prompt_replay else None
         self.groups: list[Group] = []  # in arrival order
         self.recent_versions: list[int] = []  # the K most recent behavior versions seen, ascending
         self.steps_done = 0
@@ -192,7 +204,7 @@ class ReplayBuffer:
     @classmethod
     def from_config(cls, config: ReplayConfig) -> "ReplayBuffer":
         return cls(config.k, config.warmup, config.filter_zero_adv, config.resolved("max_reuse"), config.max_groups,
-                   config.success, config.success_max_age, config.prompt_replay)
+                   config.success, config.success_max_age, config.prompt_replay, config.prompt_replay_norm)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -214,32 +226,45 @@ class ReplayBuffer:
         (core/prompt_replay.py), listed after the fresh ones; one with equal rewards is dropped.
         """
         grafted = self.successes.graft_into(fresh, step) if self.successes is not None else 0
-        kept: list[Group] = []
-        dropped = 0
         for i, group in enumerate(fresh):
             group.arrival_step = step
             group.seq = self.next_seq + i
-            if self.filter_zero_adv and group.zero_advantage:
-                dropped += 1
-            else:
-                kept.append(group)
         history = self.prompts.history_groups(fresh) if self.prompts is not None else []
-        informative = [h for h in history if not h.zero_advantage]
+        if self.prompts is not None and self.prompts.norm == "mixed":
+            # one normalisation over 2n: a pair is informative unless all 2n rewards are equal
+            by_uid = {g.uid: g for g in fresh}
+            informative = [h for h in history if not _all_equal(h.rewards, by_uid[h.advantage_index].rewards)]
+            partnered = {h.advantage_index for h in informative}
+        else:
+            informative = [h for h in history if not h.zero_advantage]
+            partnered = set()
+        kept: list[Group] = []
+        partners: list[Group] = []
+        dropped = 0
+        for group in fresh:
+            if not (self.filter_zero_adv and group.zero_advantage):
+                kept.append(group)
+            elif group.uid in partnered:
+                kept.append(group)
+                partners.append(group)
+            else:
+                dropped += 1
         kept += informative
         window = self.window_with([g.version for g in fresh])
         in_window = set(window)
         buffered = [] if self.in_warmup else [g for g in self.groups if g.version in in_window]
         return StepCandidates(buffered + kept, kept, window, self.in_warmup, dropped, step, list(fresh), grafted,
-                              informative, len(history) - len(informative))
+                              informative, len(history) - len(informative), partners)
 
     def end_step(self, cands: StepCandidates, trained: list[Group]) -> EvictionStats:
         """Counts reuse of `trained`, inserts the fresh groups, evicts by window, reuse and memory cap."""
         for group in trained:
             group.times_trained += 1
-        history = {id(h) for h in cands.history}
-        new = [g for g in cands.fresh if id(g) not in history]  # history groups are never buffered
+        # history groups are never buffered; nor are the equal-reward fresh groups trained only beside theirs
+        skip = {id(h) for h in cands.history} | {id(g) for g in cands.history_partners}
+        new = [g for g in cands.fresh if id(g) not in skip]
         self.groups.extend(new)
-        self.next_seq += len(new) + cands.dropped_zero_adv
+        self.next_seq += len(new) + len(cands.history_partners) + cands.dropped_zero_adv
         self.totals["inserted"] += len(new)
         self.totals["dropped_zero_adv"] += cands.dropped_zero_adv
         self.recent_versions = cands.window
@@ -322,6 +347,11 @@ class ReplayBuffer:
                 raise ValueError(f"replay.{key} is on but the checkpoint's buffer has no {name} store "
                                  f"(saved with replay.{key}=false): resume with the same setting")
             store.load_state_dict(state[name])
+
+
+def _all_equal(*rewards: torch.Tensor) -> bool:
+    joined = torch.cat(rewards)
+    return bool((joined == joined[0]).all())
 
 
 def gather_recorded(groups: list[Group], width: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:

@@ -12,6 +12,7 @@ SourceWeight = Literal["ess", "tokens"]
 Rescore = Literal["all", "lazy"]
 Order = Literal["chi2", "newest", "least_reused", "variance"]
 PromptReplayBudget = Literal["extra", "shared"]
+PromptReplayNorm = Literal["split", "mixed"]
 
 # What `pmis: true` resolves the keys left null to: the second design (docs/algorithm.md). False turns a
 # numeric control off; `pmis: false` resolves them to the uniform-replay ablation (newest first, no controls).
@@ -53,6 +54,9 @@ class ReplayConfig:
     # history groups trained on top of the step like fresh ones (extra), or first in line for the replay
     # budget `ratio` x B, ahead of buffered groups (shared): a step then trains what the preset trains
     prompt_replay_budget: PromptReplayBudget = "extra"
+    # GRPO advantages of a history group over its own n responses (split) or over the 2n of it and its fresh
+    # group together (mixed: RePO's two `adv_norm_mode`s)
+    prompt_replay_norm: PromptReplayNorm = "split"
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -121,6 +125,19 @@ class ReplayConfig:
             if self.resolved("ratio") is None:
                 out.append("replay.prompt_replay_budget=shared shares the replay budget replay.ratio x B, "
                            "but replay.ratio is off (false, or null with replay.pmis=false): set replay.ratio")
+        if self.prompt_replay_norm not in ("split", "mixed"):
+            out.append(f"replay.prompt_replay_norm must be 'split' or 'mixed', got {self.prompt_replay_norm!r}")
+        elif self.prompt_replay_norm == "mixed":
+            if self.prompt_replay is False:
+                out.append("replay.prompt_replay_norm=mixed but replay.prompt_replay is false: "
+                           "set replay.prompt_replay (responses kept per prompt) to use it")
+            # mixed advantages need the fresh group and its history group in the same trained batch
+            if self.prompt_replay_budget == "shared":
+                out.append("replay.prompt_replay_norm=mixed needs replay.prompt_replay_budget=extra: under shared a "
+                           "history group can be left out of the step its fresh group is trained in")
+            if self.resolved("ratio") is None:
+                out.append("replay.prompt_replay_norm=mixed needs replay.ratio (not false): with a fixed budget a "
+                           "fresh group can be left out of the step its history group is trained in")
         for name, low, high in (("ratio", 0.0, math.inf), ("m2_budget", 0.0, math.inf), ("behavior_clip", 0.0, 1.0)):
             value = getattr(self, name)
             if value is None or value is False:

@@ -6,9 +6,11 @@ prompt, `highest_k`, `adv_norm_mode=split`) normalises the replayed responses' a
 Here, with fixed group size n: the store keeps the `per_prompt` most recent responses the prompt's own policy
 generated; a fresh group whose prompt has at least n stored gets a history group: the n stored responses with
 the highest reward (ties: newest first), each with its own behavior version and rollout log-probs, under its own
-uid, so GRPO normalises it alone (RePO's "split"). The step trains it like a fresh group (replayed groups never
+uid, so GRPO normalises it alone (RePO's "split"); with `prompt_replay_norm: mixed` it carries its fresh group's uid
+as its advantage index instead, so GRPO normalises the 2n responses together (RePO's "mixed"), and a fresh group
+whose own rewards are all equal is trained beside its history group when the 2n are not. The step trains it like a fresh group (replayed groups never
 displace it); it is not put in the buffer (its responses are in the store already), and one whose rewards are
-all equal is dropped (no advantage). The multi-behavior objective weighs each response against its own
+all equal (all 2n, under mixed) is dropped (no advantage). The multi-behavior objective weighs each response against its own
 behavior policy, as for a grafted success. Plain PyTorch, no Ray: the buffer calls it.
 """
 
@@ -31,15 +33,15 @@ class PromptStore(SuccessStore):
 
     only_correct = False
 
-    def __init__(self, per_prompt: int) -> None:
+    def __init__(self, per_prompt: int, norm: str = "split") -> None:
+        self.norm = norm  # split | mixed (`replay.prompt_replay_norm`)
         super().__init__(per_prompt, max_age=None)
         self.totals["history_groups"] = 0
 
-    @staticmethod
-    def _check(per_prompt: int, max_age: None) -> None:
+    def _check(self, per_prompt: int, max_age: None) -> None:
         from .config import ReplayConfig
 
-        ReplayConfig(prompt_replay=per_prompt)  # names the key of a bad value
+        ReplayConfig(prompt_replay=per_prompt, prompt_replay_norm=self.norm)  # names the key of a bad value
 
     def history_groups(self, fresh: list[Group]) -> list[Group]:
         """One history group per fresh group whose prompt has at least n responses stored (from earlier
@@ -51,24 +53,26 @@ class PromptStore(SuccessStore):
                 continue
             newest_first = list(reversed(stored))
             picks = sorted(newest_first, key=lambda s: -s.reward)[: group.n]  # stable: ties stay newest first
-            out.append(history_group(group, picks))
+            out.append(history_group(group, picks, mixed=self.norm == "mixed"))
         self.totals["history_groups"] += len(out)
         return out
 
 
-def history_group(fresh: Group, picks: list[Success]) -> Group:
+def history_group(fresh: Group, picks: list[Success], mixed: bool = False) -> Group:
     """A group of the stored responses `picks` ([n]) to the prompt of `fresh`: fresh's prompt and per-prompt
-    fields, each response's own tokens, log-probs, reward, version and per-sample fields, uid `fresh.uid:history`."""
+    fields, each response's own tokens, log-probs, reward, version and per-sample fields, uid `fresh.uid:history`.
+    mixed: its advantage index (and the `uid` field verl's GRPO groups rows by) is `fresh.uid`."""
     from .buffer import Group
 
     versions = torch.tensor([s.version for s in picks], dtype=torch.int64)
     uid = fresh.uid + HISTORY_SUFFIX
+    index = fresh.uid if mixed else uid
     non_tensors = {}
     for key, values in fresh.non_tensors.items():
         values = values.copy()
         for i, s in enumerate(picks):
             if key in GROUP_FIELDS:
-                values[i] = uid
+                values[i] = index
             elif key in VERSION_FIELDS:
                 values[i] = s.version
             elif key in s.non_tensors:
@@ -87,4 +91,5 @@ def history_group(fresh: Group, picks: list[Success]) -> Group:
         arrival_step=fresh.arrival_step,
         seq=fresh.seq,
         sample_versions=versions,
+        advantage_uid=fresh.uid if mixed else None,
     )

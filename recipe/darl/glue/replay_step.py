@@ -201,6 +201,8 @@ def replay_metrics(
         # per-prompt replay: history groups built (informative ones) and dropped for equal rewards
         "replay/history_groups": len(cands.history),
         "replay/history_zero_adv": cands.history_zero_adv,
+        # prompt_replay_norm=mixed: equal-reward fresh groups trained beside their history group (not buffered)
+        "replay/history_partners": len(cands.history_partners),
         "replay/history_trained": sum(1 for g in sel_groups if id(g) in history),
         "replay/buffer_groups": buffer_stats["groups"],
         "replay/buffer_tokens": buffer_stats["tokens"],
