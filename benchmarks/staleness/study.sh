@@ -4,7 +4,7 @@
 # the shipped weights only.
 #   bash benchmarks/staleness/study.sh [OUT]            (default runs/study; the times are in the Makefile's make evidence)
 #   STEPS=10 SEEDS=0 bash benchmarks/staleness/study.sh runs/study-mini    # reduced: 1 seed, 10 steps, minutes
-# The pipeline part (pipeline_check.sh, 39 runs) takes PIPELINE_STEPS (default 40, or STEPS when smaller), about 4 min
+# The pipeline part (pipeline_check.sh, 42 runs) takes PIPELINE_STEPS (default 40, or STEPS when smaller), about 4 min
 # a run of 40 steps; NO_PIPELINE=1 skips it.
 # Benign: the shipped CPU scripts' settings (lr 5e-5). Stress: lr 2e-4 at s = 8, where decoupled PPO collapses
 # and synchronous training still learns (the calibration is in docs/evidence.md).
@@ -40,6 +40,7 @@ scarce --staleness 1 4 8 --methods darl_prompt_shared
 scarce --staleness 1 4 --methods darl_r1
 scarce --staleness 1 --methods naive equal_update
 scarce --staleness 1 4 8 --methods darl_e2
+scarce --staleness 1 4 8 --methods darl_prompt_mixed   # RePO's mixed normalisation (seventh session)
 scarce --report-only
 # the same regime through what users run: the CPU seed scripts through verl's two trainers (Ray, FSDP2, hf rollout)
 PIPELINE_STEPS="${PIPELINE_STEPS:-$(( STEPS < 40 ? STEPS : 40 ))}"
@@ -53,6 +54,7 @@ TRAINERS="one_step_off fully_async" CONFIGS="pmis_sg_e2" pipeline
 # more seeds where the preset and decoupled differed by less than two standard errors (fifth session); full runs only
 if [ "$SEEDS" = "0 1 2" ]; then
     SEEDS="3 4 5" TRAINERS=fully_async CONFIGS="decoupled pmis_sg" pipeline
+    SEEDS="3 4 5" TRAINERS=fully_async CONFIGS="pmis_sg_e2" pipeline      # seventh session
     SEEDS="3 4" TRAINERS=one_step_off CONFIGS="decoupled pmis_sg" pipeline
 fi
 # the stress regime again, from the shipped weights (lr 2e-4, s = 8): does the one-sided trust region still hold it?
