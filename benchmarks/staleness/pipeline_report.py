@@ -43,6 +43,7 @@ NAMES = {"async": "naive (PPO against mu)", "sync": "sync (decoupled, staleness 
          "decoupled": "decoupled PPO", "pmis_sg_success": "preset + success replay",
          "success_only": "decoupled + success replay", "pmis_sg_prompt": "preset + per-prompt replay (RePO)",
          "pmis_sg_prompt_shared": "preset + per-prompt replay, shared budget",
+         "pmis_sg_prompt_mixed": "preset + per-prompt replay, mixed normalisation",
          "prompt_only": "decoupled + per-prompt replay"}
 
 
