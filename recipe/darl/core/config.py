@@ -118,19 +118,12 @@ class ReplayConfig:
                        f"got {self.prompt_replay!r}")
         if self.prompt_replay_budget not in ("extra", "shared"):
             out.append(f"replay.prompt_replay_budget must be 'extra' or 'shared', got {self.prompt_replay_budget!r}")
-        elif self.prompt_replay_budget == "shared":
-            if self.prompt_replay is False:
-                out.append("replay.prompt_replay_budget=shared but replay.prompt_replay is false: "
-                           "set replay.prompt_replay (responses kept per prompt) to use it")
-            if self.resolved("ratio") is None:
-                out.append("replay.prompt_replay_budget=shared shares the replay budget replay.ratio x B, "
-                           "but replay.ratio is off (false, or null with replay.pmis=false): set replay.ratio")
+        elif self.prompt_replay_budget == "shared" and self.resolved("ratio") is None:
+            out.append("replay.prompt_replay_budget=shared shares the replay budget replay.ratio x B, "
+                       "but replay.ratio is off (false, or null with replay.pmis=false): set replay.ratio")
         if self.prompt_replay_norm not in ("split", "mixed"):
             out.append(f"replay.prompt_replay_norm must be 'split' or 'mixed', got {self.prompt_replay_norm!r}")
         elif self.prompt_replay_norm == "mixed":
-            if self.prompt_replay is False:
-                out.append("replay.prompt_replay_norm=mixed but replay.prompt_replay is false: "
-                           "set replay.prompt_replay (responses kept per prompt) to use it")
             # mixed advantages need the fresh group and its history group in the same trained batch
             if self.prompt_replay_budget == "shared":
                 out.append("replay.prompt_replay_norm=mixed needs replay.prompt_replay_budget=extra: under shared a "
@@ -138,6 +131,10 @@ class ReplayConfig:
             if self.resolved("ratio") is None:
                 out.append("replay.prompt_replay_norm=mixed needs replay.ratio (not false): with a fixed budget a "
                            "fresh group can be left out of the step its history group is trained in")
+        for key, default in (("prompt_replay_budget", "extra"), ("prompt_replay_norm", "split")):
+            if getattr(self, key) != default and self.prompt_replay is False:
+                out.append(f"replay.{key}={getattr(self, key)} but replay.prompt_replay is false: "
+                           "set replay.prompt_replay (responses kept per prompt) to use it")
         for name, low, high in (("ratio", 0.0, math.inf), ("m2_budget", 0.0, math.inf), ("behavior_clip", 0.0, 1.0)):
             value = getattr(self, name)
             if value is None or value is False:
