@@ -113,6 +113,7 @@ class HarnessConfig:
     prompt_replay: Any = False  # replay.prompt_replay: responses kept per prompt (per-prompt replay, RePO); False: off
     prompt_replay_budget: str = "extra"  # replay.prompt_replay_budget: history groups on top (extra) or in the replay budget (shared)
     prompt_replay_norm: str = "split"  # replay.prompt_replay_norm: history advantages alone (split) or over 2n (mixed)
+    prompt_replay_when: str = "always"  # replay.prompt_replay_when: history for every returning prompt or zero_adv ones
     eval_every: int = 20  # steps; 0: only at the start and the end
     val_size: int = 500
     eval_batch_size: int = 256
@@ -143,7 +144,7 @@ class HarnessConfig:
                             ratio=self.ratio, m2_budget=self.m2_budget, behavior_clip=self.behavior_clip,
                             behavior_clip_high=self.behavior_clip_high, success=self.success, success_max_age=self.success_max_age,
                             prompt_replay=self.prompt_replay, prompt_replay_budget=self.prompt_replay_budget,
-                            prompt_replay_norm=self.prompt_replay_norm)
+                            prompt_replay_norm=self.prompt_replay_norm, prompt_replay_when=self.prompt_replay_when)
 
     @property
     def name(self) -> str:
@@ -163,7 +164,8 @@ class HarnessConfig:
             parts.append(f"success{self.success}")
         if self.prompt_replay:
             parts.append(f"prompt{self.prompt_replay}" + ("shared" if self.prompt_replay_budget == "shared" else "")
-                         + ("mixed" if self.prompt_replay_norm == "mixed" else ""))
+                         + ("mixed" if self.prompt_replay_norm == "mixed" else "")
+                         + ("zeroadv" if self.prompt_replay_when == "zero_adv" else ""))
         if not self.filter_zero_adv:
             parts.append("keep0adv")
         if not self.stop_grad:

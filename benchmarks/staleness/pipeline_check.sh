@@ -17,6 +17,7 @@
 #   pmis_sg_prompt   the preset plus per-prompt replay (replay.prompt_replay=16: RePO's 2n responses kept per prompt)
 #   pmis_sg_prompt_shared  the same, history groups inside the group-replay budget (replay.prompt_replay_budget=shared)
 #   pmis_sg_prompt_mixed   the same, advantages over a prompt's fresh and history groups together (prompt_replay_norm=mixed)
+#   pmis_sg_prompt_zero    the same, history groups only in the place of fresh groups without advantage (prompt_replay_when=zero_adv)
 #   prompt_only      decoupled PPO plus per-prompt replay (no group replay, no m2 gate, no trust region)
 # A seed sets the rollout sampler (actor_rollout_ref.rollout.seed) and the data order (data.seed). Finished runs
 # (their last step logged) are skipped, so an interrupted study goes on where it stopped.
@@ -47,6 +48,7 @@ for seed in $SEEDS; do
                 pmis_sg_prompt) script=pmis_sg; extra=(replay.prompt_replay=16) ;;
                 pmis_sg_prompt_shared) script=pmis_sg; extra=(replay.prompt_replay=16 replay.prompt_replay_budget=shared) ;;
                 pmis_sg_prompt_mixed) script=pmis_sg; extra=(replay.prompt_replay=16 replay.prompt_replay_norm=mixed) ;;
+                pmis_sg_prompt_zero) script=pmis_sg; extra=(replay.prompt_replay=16 replay.prompt_replay_when=zero_adv) ;;
                 prompt_only)
                     script=pmis_sg
                     extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false replay.behavior_clip=false

@@ -44,6 +44,7 @@ NAMES = {"async": "naive (PPO against mu)", "sync": "sync (decoupled, staleness 
          "success_only": "decoupled + success replay", "pmis_sg_prompt": "preset + per-prompt replay (RePO)",
          "pmis_sg_prompt_shared": "preset + per-prompt replay, shared budget",
          "pmis_sg_prompt_mixed": "preset + per-prompt replay, mixed normalisation",
+         "pmis_sg_prompt_zero": "preset + per-prompt replay for groups without advantage",
          "prompt_only": "decoupled + per-prompt replay"}
 
 

@@ -69,6 +69,8 @@ METHODS: dict[str, dict[str, Any]] = {
     # advantages over the fresh group and its history group together (RePO's adv_norm_mode=mixed): an all-wrong
     # fresh group beside a history group with a success is trained too, its responses pushed down
     "darl_prompt_mixed": {"method": "darl", "prompt_replay": 16, "prompt_replay_norm": "mixed"},
+    # history groups only for fresh groups with no advantage of their own, in their place: about the preset's step
+    "darl_prompt_zero": {"method": "darl", "prompt_replay": 16, "prompt_replay_when": "zero_adv"},
     # the preset with per-prompt replay's step size but no history: every fresh group plus up to B replayed ones
     "darl_r1": {"method": "darl", "ratio": 1.0},
     # the preset with two passes over each step's batch (verl's ppo_epochs=2): equal_update's extra updates on the preset

@@ -225,3 +225,24 @@ def test_bad_norm_settings_name_the_key(values, message):
         ReplayConfig(**values)
     with pytest.raises(ValueError, match="replay.prompt_replay_norm must be"):
         PromptStore(per_prompt=4, norm="joint")
+
+
+@pytest.mark.parametrize("when", ["always", "zero_adv"])
+def test_zero_adv_builds_history_only_in_the_place_of_an_uninformative_fresh_group(when):
+    buf = ReplayBuffer(k=1, warmup=0, prompt_replay=2, prompt_replay_when=when)
+    _visit(buf, [group("a", 1, [1.0, 0.0], base=-1.0), group("b", 1, [0.0, 1.0], base=-1.0, prompt=(9, 9))], 1)
+    # both prompts come back: c's group is informative, d's all wrong
+    c, d = group("c", 2, [1.0, 0.0]), group("d", 2, [0.0, 0.0], prompt=(9, 9))
+    cands = buf.begin_step([c, d], 2)
+    assert cands.dropped_zero_adv == 1  # d, either way
+    if when == "always":
+        assert [h.uid for h in cands.history] == ["c:history", "d:history"] and len(cands.fresh) == 3
+    else:
+        # only d's prompt replays its past responses, in d's place: the step keeps two groups, as without history
+        (hist,) = cands.history
+        assert hist.uid == "d:history" and hist.rewards.tolist() == [1.0, 0.0] and cands.fresh == [c, hist]
+    assert buf.prompts.totals["history_groups"] == len(cands.history)
+    with pytest.raises(ValueError, match="replay.prompt_replay_when must be 'always' or 'zero_adv'"):
+        ReplayConfig(prompt_replay=2, prompt_replay_when="never")
+    with pytest.raises(ValueError, match="replay.prompt_replay_when=zero_adv but replay.prompt_replay is false"):
+        ReplayConfig(prompt_replay_when="zero_adv")

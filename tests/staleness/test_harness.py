@@ -232,6 +232,21 @@ def test_mixed_norm_normalises_history_groups_with_their_fresh_group(model_dir):
     assert mixed[2]["loss"] != pytest.approx(split[2]["loss"])
 
 
+def test_zero_adv_history_groups_only_replace_dropped_fresh_groups(model_dir):
+    runs = {}
+    for when in ("always", "zero_adv"):
+        h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0,
+                 prompt_replay_when=when)
+        runs[when] = run_steps(h, 4)
+    assert h.config.name.endswith("prompt8zeroadv") and h.buffer.prompts.when == "zero_adv"
+    always, zero = runs["always"], runs["zero_adv"]
+    # every prompt is back at steps 2-3: always, each brings a history group (the digits reward is dense)...
+    assert all(m["history_groups"] >= 3 for m in always[2:])
+    # ...under zero_adv only one whose fresh group was dropped for equal rewards
+    assert all(m["history_groups"] <= m["dropped_zero_adv"] for m in zero)
+    assert sum(m["history_groups"] for m in zero) < sum(m["history_groups"] for m in always)
+
+
 def test_scarce_task_with_prompt_replay_trains_history_groups_of_returning_prompts(model_dir):
     h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0, steps=6)
     # pool of 8, 4 prompts a step: every prompt comes back at step 2 with its 4 responses of pass one stored

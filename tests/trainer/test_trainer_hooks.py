@@ -340,6 +340,26 @@ def test_prompt_replay_norm_mixed_normalises_fresh_and_history_rows_together(rep
     assert trainer.metrics["replay/history_trained"] == 1 and len(trainer.buffer) == 0
 
 
+@pytest.mark.parametrize("when", ["always", "zero_adv"])
+def test_prompt_replay_when_zero_adv_replays_only_in_the_place_of_an_uninformative_group(replay_cfg, batch_maker, when):
+    import numpy as np
+
+    step1 = batch_maker(versions=[0, 0], rewards=[[1, 0], [0, 1]], seed=12)
+    a, b = uids(step1)
+    step2 = batch_maker(versions=[1, 1], rewards=[[1, 0], [0, 0]], seed=12)  # same prompts; e's responses all wrong
+    step2.non_tensor_batch["uid"] = np.array(["d", "d", "e", "e"], dtype=object)
+    step2.non_tensor_batch["min_global_steps"] = np.array([1, 1, 1, 1], dtype=object)
+    trainer = make_trainer(replay_cfg("replay.k=1", "replay.prompt_replay=2", f"replay.prompt_replay_when={when}",
+                                      "actor_rollout_ref.actor.ppo_mini_batch_size=1", design=()),
+                           {u: 0.0 for u in (a, b, "d", "e", "d:history", "e:history")})
+    run_step(trainer, step1)
+    run_step(trainer, step2)
+    trained = uids(trainer.trained[-1])
+    # e is dropped either way (no advantage); under zero_adv only e's prompt replays its past responses
+    assert trained == (["d", "d:history", "e:history"] if when == "always" else ["d", "e:history"])
+    assert trainer.metrics["replay/history_groups"] == (2 if when == "always" else 1)
+
+
 def test_success_replay_grafts_a_past_success_into_an_all_wrong_group(replay_cfg, batch_maker):
     step1, a, step2 = _same_prompt_twice(batch_maker)
     trainer = make_trainer(replay_cfg("replay.k=1", "replay.success=1", design=()), {a: 0.0, "b": 0.0})

@@ -13,6 +13,7 @@ Rescore = Literal["all", "lazy"]
 Order = Literal["chi2", "newest", "least_reused", "variance"]
 PromptReplayBudget = Literal["extra", "shared"]
 PromptReplayNorm = Literal["split", "mixed"]
+PromptReplayWhen = Literal["always", "zero_adv"]
 
 # What `pmis: true` resolves the keys left null to: the second design (docs/algorithm.md). False turns a
 # numeric control off; `pmis: false` resolves them to the uniform-replay ablation (newest first, no controls).
@@ -57,6 +58,9 @@ class ReplayConfig:
     # GRPO advantages of a history group over its own n responses (split) or over the 2n of it and its fresh
     # group together (mixed: RePO's two `adv_norm_mode`s)
     prompt_replay_norm: PromptReplayNorm = "split"
+    # which returning prompts get a history group: every one (always), or only those whose fresh group has no
+    # advantage of its own (zero_adv: the history group trains in the place of the dropped fresh group)
+    prompt_replay_when: PromptReplayWhen = "always"
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -131,7 +135,10 @@ class ReplayConfig:
             if self.resolved("ratio") is None:
                 out.append("replay.prompt_replay_norm=mixed needs replay.ratio (not false): with a fixed budget a "
                            "fresh group can be left out of the step its history group is trained in")
-        for key, default in (("prompt_replay_budget", "extra"), ("prompt_replay_norm", "split")):
+        if self.prompt_replay_when not in ("always", "zero_adv"):
+            out.append(f"replay.prompt_replay_when must be 'always' or 'zero_adv', got {self.prompt_replay_when!r}")
+        for key, default in (("prompt_replay_budget", "extra"), ("prompt_replay_norm", "split"),
+                             ("prompt_replay_when", "always")):
             if getattr(self, key) != default and self.prompt_replay is False:
                 out.append(f"replay.{key}={getattr(self, key)} but replay.prompt_replay is false: "
                            "set replay.prompt_replay (responses kept per prompt) to use it")

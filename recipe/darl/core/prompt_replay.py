@@ -33,23 +33,26 @@ class PromptStore(SuccessStore):
 
     only_correct = False
 
-    def __init__(self, per_prompt: int, norm: str = "split") -> None:
+    def __init__(self, per_prompt: int, norm: str = "split", when: str = "always") -> None:
         self.norm = norm  # split | mixed (`replay.prompt_replay_norm`)
+        self.when = when  # always | zero_adv (`replay.prompt_replay_when`)
         super().__init__(per_prompt, max_age=None)
         self.totals["history_groups"] = 0
 
     def _check(self, per_prompt: int, max_age: None) -> None:
         from .config import ReplayConfig
 
-        ReplayConfig(prompt_replay=per_prompt, prompt_replay_norm=self.norm)  # names the key of a bad value
+        # names the key of a bad value
+        ReplayConfig(prompt_replay=per_prompt, prompt_replay_norm=self.norm, prompt_replay_when=self.when)
 
     def history_groups(self, fresh: list[Group]) -> list[Group]:
         """One history group per fresh group whose prompt has at least n responses stored (from earlier
-        steps: call before `add_from` of this step), each stamped with its fresh group's arrival."""
+        steps: call before `add_from` of this step; under `when: zero_adv` only for a fresh group whose rewards are
+        all equal), each stamped with its fresh group's arrival."""
         out = []
         for group in fresh:
             stored = self.store.get(group.prompt_key, [])
-            if group.n < 2 or len(stored) < group.n:
+            if group.n < 2 or len(stored) < group.n or (self.when == "zero_adv" and not group.zero_advantage):
                 continue
             newest_first = list(reversed(stored))
             picks = sorted(newest_first, key=lambda s: -s.reward)[: group.n]  # stable: ties stay newest first
