@@ -42,6 +42,7 @@ scarce --staleness 1 --methods naive equal_update
 scarce --staleness 1 4 8 --methods darl_e2
 scarce --staleness 1 4 8 --methods darl_prompt_mixed   # RePO's mixed normalisation (seventh session)
 scarce --staleness 4 --methods darl_variance            # prioritized replay, order: variance (seventh session)
+scarce --staleness 4 1 8 --methods darl_prompt_zero     # history groups only for groups without advantage (seventh session)
 scarce --report-only
 # the same regime through what users run: the CPU seed scripts through verl's two trainers (Ray, FSDP2, hf rollout)
 PIPELINE_STEPS="${PIPELINE_STEPS:-$(( STEPS < 40 ? STEPS : 40 ))}"
