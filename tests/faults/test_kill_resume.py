@@ -123,6 +123,22 @@ def test_no_process_of_a_finished_launch_outlives_it_by_long(fast):
     assert all(fast[k].leftovers <= 6 for k in ("server", "save", "end")), {k: fast[k].leftovers for k in ("server", "save", "end")}
 
 
+def test_a_server_killed_inside_a_weight_sync_stops_the_run_naming_it_and_the_step(tmp_path_factory):
+    """Deterministic: the server dies right after the first bucket of its second weight update (the sync after trainer
+    step 1), with the trainer's sender inside the sync. Once seen to hang a run; now an error within seconds."""
+    root = tmp_path_factory.mktemp("faults_sync")
+    run = launch(ONE_STEP_OFF, root, build_inputs(root), "sync", "sync_server:2", {"STEPS": "3"},
+                 ("faults.generation_timeout_s=120",))
+    _summary(root, {"sync": run})
+    assert run.marker and run.marker[0].startswith("sync_server:2 "), run.text[-3000:]
+    assert run.rc not in (0, -9), run.rc
+    assert re.search(r"RolloutServerError: syncing weights to the rollout at trainer step 1: a rollout server died",
+                     run.text), run.text[-3000:]
+    assert re.search(r"hf://\S+/hf_server_0_0 \(actor [0-9a-f]+\): DEAD", run.text)
+    assert run.trained() == [] and run.tracker is None  # step 1's update ran, its metrics and save come after the sync
+    assert _detect_seconds(run) < 10.0
+
+
 # ---- the rest of the matrix (DARL_FAULT_FULL=1) ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

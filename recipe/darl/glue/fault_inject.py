@@ -11,6 +11,7 @@ once. The points:
 | `generate` | an hf rollout server's decode step with the weights of version `<step>` (one-step-off: while trainer step `<step>` runs, the next batch is generated) |
 | `rollout_server` | the same place, but only that server's process dies (a dead rollout server; the job goes on) |
 | `rollout_stop` | the same place, but that server's process is frozen with SIGSTOP (a hung server: alive to Ray, answering nothing) |
+| `sync_server` | an hf rollout server receiving its `<step>`-th weight update (counted from 1, the start-up sync included), right after its first bucket is loaded: only that server's process dies, inside the trainer's weight sync |
 | `update` | start of `_fit_update_actor` (with a delay: during the update) |
 | `buffer_write` | inside the buffer's atomic write: temporary file complete, not yet renamed |
 | `after_buffer` | inside a checkpoint save: buffer (and queue) written, verl's files not yet |
@@ -32,8 +33,8 @@ from contextlib import contextmanager
 
 ENV = "DARL_FAULT_INJECT"
 POINTS = ("generate", "update", "buffer_write", "after_buffer", "verl_save", "after_save", "rollout_server",
-          "rollout_stop")
-ALONE = ("rollout_server", "rollout_stop")  # points that hit only the process they fire in
+          "rollout_stop", "sync_server")
+ALONE = ("rollout_server", "rollout_stop", "sync_server")  # points that hit only the process they fire in
 
 
 def parse(spec: str) -> list[tuple[str, int, float]]:

@@ -83,7 +83,7 @@ class DarlTrainer(GracefulStopMixin, RewardGuardMixin, ShapingTrainerMixin, Repl
             states = server_states_now(handles, addresses)
             if not any(": DEAD" in s for s in states) and not isinstance(e, ray.exceptions.RayActorError):
                 raise
-            print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died before the weight sync", flush=True)
+            print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died before or during the weight sync", flush=True)
             raise server_error(what, f"a rollout server died ({type(e).__name__})", states) from e
 
     def _fit_update_actor(self, batch):

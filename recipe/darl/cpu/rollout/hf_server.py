@@ -121,6 +121,7 @@ class HFRolloutServer:
         self._resume = asyncio.Event()
         self._resume.set()
         self._updating = False  # between begin_weight_update and finish_weight_update
+        self._buckets = 0  # weight buckets loaded since begin_weight_update
         self._profiler = None
         self.stats = {"requests": 0, "cohorts": 0, "max_cohort_size": 0, "tokens": 0, "aborted": 0,
                       "weight_updates": 0}
@@ -434,13 +435,18 @@ class HFRolloutServer:
     async def begin_weight_update(self) -> None:
         """Stop starting cohorts and wait for the running ones, so no request mixes two weight versions."""
         self._updating = True
+        self._buckets = 0  # loaded in this update
         await self._wait_drained()
 
     async def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
         """Copy (name, full tensor) pairs into the model (Hugging Face names); returns how many."""
         if not self._updating:
             await self.begin_weight_update()
-        return await self._run(self.generator.load_weights, named_tensors)
+        count = await self._run(self.generator.load_weights, named_tensors)
+        self._buckets += 1
+        if self._buckets == 1:  # one bucket in, the rest not: a kill here lands inside the trainer's weight sync
+            fault_point("sync_server", self.stats["weight_updates"] + 1)
+        return count
 
     async def finish_weight_update(self, global_steps: Optional[int] = None) -> None:
         """End a weight update: set the version stamp (when given) and admit requests again."""
