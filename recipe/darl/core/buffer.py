@@ -195,7 +195,8 @@ class ReplayBuffer:
         self.max_reuse = max_reuse
         self.max_groups = max_groups
         self.successes: Optional[SuccessStore] = SuccessStore(success, success_max_age) if success else None
-        self.prompts: Optional[PromptStore] = PromptStore(prompt_replay, prompt_replay_norm, prompt_replay_when) if prompt_replay else None
+        self.prompts: Optional[PromptStore] = (PromptStore(prompt_replay, prompt_replay_norm, prompt_replay_when)
+                                               if prompt_replay else None)
         self.groups: list[Group] = []  # in arrival order
         self.recent_versions: list[int] = []  # the K most recent behavior versions seen, ascending
         self.steps_done = 0

@@ -6,12 +6,14 @@ prompt, `highest_k`, `adv_norm_mode=split`) normalises the replayed responses' a
 Here, with fixed group size n: the store keeps the `per_prompt` most recent responses the prompt's own policy
 generated; a fresh group whose prompt has at least n stored gets a history group: the n stored responses with
 the highest reward (ties: newest first), each with its own behavior version and rollout log-probs, under its own
-uid, so GRPO normalises it alone (RePO's "split"); with `prompt_replay_norm: mixed` it carries its fresh group's uid
-as its advantage index instead, so GRPO normalises the 2n responses together (RePO's "mixed"), and a fresh group
-whose own rewards are all equal is trained beside its history group when the 2n are not. The step trains it like a fresh group (replayed groups never
-displace it); it is not put in the buffer (its responses are in the store already), and one whose rewards are
-all equal (all 2n, under mixed) is dropped (no advantage). The multi-behavior objective weighs each response against its own
-behavior policy, as for a grafted success. Plain PyTorch, no Ray: the buffer calls it.
+uid, so GRPO normalises it alone (RePO's "split"); with `prompt_replay_norm: mixed` it carries its fresh group's
+uid as its advantage index instead, so GRPO normalises the 2n responses together (RePO's "mixed"), and a fresh
+group whose own rewards are all equal is trained beside its history group when the 2n are not. With
+`prompt_replay_when: zero_adv` only a fresh group whose rewards are all equal gets one (in its place). The step
+trains it like a fresh group (replayed groups never displace it); it is not put in the buffer (its responses are in
+the store already), and one whose rewards are all equal (all 2n, under mixed) is dropped (no advantage). The
+multi-behavior objective weighs each response against its own behavior policy, as for a grafted success. Plain
+PyTorch, no Ray: the buffer calls it.
 """
 
 from __future__ import annotations
