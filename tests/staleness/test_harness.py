@@ -212,17 +212,22 @@ def test_shared_budget_trains_history_groups_within_the_presets_step(model_dir):
     assert all(m["trained_versions"] >= 2 for m in shared[2:] if not m["skipped"])
 
 
-def test_mixed_norm_normalises_history_groups_with_their_fresh_group(model_dir):
+def _prompt_replay_runs(model_dir, key: str, values: tuple, steps: int):
+    """`steps` steps of per-prompt replay on a pool of 8 (every prompt back at step 2) for each value of `key`;
+    returns {value: step metrics} and the last harness."""
     runs = {}
-    for norm in ("split", "mixed"):
-        h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0,
-                 prompt_replay_norm=norm)
-        runs[norm] = run_steps(h, 3)
-        if norm == "mixed":
-            # the index GRPO normalises by: a history group's rows carry their fresh group's uid
-            last = h.buffer.groups[-1]
-            (hist,) = h.buffer.prompts.history_groups([last])
-            assert hist.uid == last.uid + ":history" and h.batch_of([hist])["uids"].tolist() == [last.uid] * 4
+    for value in values:
+        h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0, **{key: value})
+        runs[value] = run_steps(h, steps)
+    return runs, h
+
+
+def test_mixed_norm_normalises_history_groups_with_their_fresh_group(model_dir):
+    runs, h = _prompt_replay_runs(model_dir, "prompt_replay_norm", ("split", "mixed"), 3)
+    # the index GRPO normalises by: a history group's rows carry their fresh group's uid
+    last = h.buffer.groups[-1]
+    (hist,) = h.buffer.prompts.history_groups([last])
+    assert hist.uid == last.uid + ":history" and h.batch_of([hist])["uids"].tolist() == [last.uid] * 4
     assert h.config.name.endswith("prompt8mixed")
     split, mixed = runs["split"], runs["mixed"]
     # steps 0-1: no prompt has come back, so the two normalisations train the same groups to the same loss
@@ -233,11 +238,7 @@ def test_mixed_norm_normalises_history_groups_with_their_fresh_group(model_dir):
 
 
 def test_zero_adv_history_groups_only_replace_dropped_fresh_groups(model_dir):
-    runs = {}
-    for when in ("always", "zero_adv"):
-        h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0,
-                 prompt_replay_when=when)
-        runs[when] = run_steps(h, 4)
+    runs, h = _prompt_replay_runs(model_dir, "prompt_replay_when", ("always", "zero_adv"), 4)
     assert h.config.name.endswith("prompt8zeroadv") and h.buffer.prompts.when == "zero_adv"
     always, zero = runs["always"], runs["zero_adv"]
     # every prompt is back at steps 2-3: always, each brings a history group (the digits reward is dense)...
