@@ -156,19 +156,17 @@ def raw_step(model_path: str, args, device: str) -> None:
     rows = max(1, args.max_tokens // length)
     ids = torch.randint(4, model.config.vocab_size, (rows, length), device=device)
     params = sum(p.numel() for p in model.parameters())
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for rep in range(args.repeats + 1):
-        if device == "cuda":
-            torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         with torch.autocast(device, dtype=torch.bfloat16):
             logits = model(input_ids=ids).logits
         loss = torch.log_softmax(logits.float(), -1).gather(-1, ids.unsqueeze(-1)).mean()
-        if device == "cuda":
-            torch.cuda.synchronize()
+        sync()
         mid = time.perf_counter()
         loss.backward()
-        if device == "cuda":
-            torch.cuda.synchronize()
+        sync()
         end = time.perf_counter()
         model.zero_grad(set_to_none=True)
         flops = 8 * params * rows * length  # forward 2, recomputed forward 2, backward 4 per parameter and token

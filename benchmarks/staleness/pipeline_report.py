@@ -103,7 +103,9 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> str:
     if not seeds:
         return "-"
     diffs = [a[s] - b[s] for s in seeds]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    if len(diffs) == 1:  # no spread to quote
+        return f"{100 * diffs[0]:+.1f} (1 seed)"
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
     return f"{100 * statistics.mean(diffs):+.1f} ± {100 * se:.1f} ({', '.join(f'{100 * d:+.1f}' for d in diffs)})"
 
 

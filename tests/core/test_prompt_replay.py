@@ -223,8 +223,13 @@ def test_mixed_keeps_an_equal_reward_history_group_beside_an_informative_fresh_o
 def test_bad_norm_settings_name_the_key(values, message):
     with pytest.raises(ValueError, match=message):
         ReplayConfig(**values)
+
+
+def test_the_store_checks_its_norm_and_when():
     with pytest.raises(ValueError, match="replay.prompt_replay_norm must be"):
         PromptStore(per_prompt=4, norm="joint")
+    with pytest.raises(ValueError, match="replay.prompt_replay_when must be"):
+        PromptStore(per_prompt=4, when="never")
 
 
 @pytest.mark.parametrize("when", ["always", "zero_adv"])

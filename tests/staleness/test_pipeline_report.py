@@ -63,6 +63,10 @@ def test_report_by_hand(tmp_path):
     assert row["`gates_only`"][8] == "1.00x, 0.50x"
     assert row["`pmis_sg`"][9] == "2.00 / 2.00x" and row["`decoupled`"][9] == "1.00 / 1.00x"
     assert (tmp_path / "out" / "summary.md").read_text().strip() == text.strip()
+    # one seed in common: the difference without a spread (seed 1's gates_only left out)
+    one = report([r for r in runs if (r["config"], r["seed"]) != ("gates_only", 1)], tmp_path / "one", 100)
+    line = next(x for x in one.splitlines() if x.startswith("| `gates_only`"))
+    assert "+5.0 (1 seed)" in line and "nan" not in one
     assert (tmp_path / "out" / "accuracy_vs_samples_one_step_off.png").stat().st_size > 0
     assert (tmp_path / "out" / "accuracy_vs_wall_one_step_off.png").stat().st_size > 0
 
