@@ -114,6 +114,7 @@ class HarnessConfig:
     prompt_replay_budget: str = "extra"  # replay.prompt_replay_budget: history groups on top (extra) or in the replay budget (shared)
     prompt_replay_norm: str = "split"  # replay.prompt_replay_norm: history advantages alone (split) or over 2n (mixed)
     prompt_replay_when: str = "always"  # replay.prompt_replay_when: history for every returning prompt or zero_adv ones
+    prompt_replay_max_age: Optional[int] = None  # replay.prompt_replay_max_age: steps a stored response stays usable
     eval_every: int = 20  # steps; 0: only at the start and the end
     val_size: int = 500
     eval_batch_size: int = 256
@@ -144,7 +145,8 @@ class HarnessConfig:
                             ratio=self.ratio, m2_budget=self.m2_budget, behavior_clip=self.behavior_clip,
                             behavior_clip_high=self.behavior_clip_high, success=self.success, success_max_age=self.success_max_age,
                             prompt_replay=self.prompt_replay, prompt_replay_budget=self.prompt_replay_budget,
-                            prompt_replay_norm=self.prompt_replay_norm, prompt_replay_when=self.prompt_replay_when)
+                            prompt_replay_norm=self.prompt_replay_norm, prompt_replay_when=self.prompt_replay_when,
+                            prompt_replay_max_age=self.prompt_replay_max_age)
 
     @property
     def name(self) -> str:
@@ -165,7 +167,8 @@ class HarnessConfig:
         if self.prompt_replay:
             parts.append(f"prompt{self.prompt_replay}" + ("shared" if self.prompt_replay_budget == "shared" else "")
                          + ("mixed" if self.prompt_replay_norm == "mixed" else "")
-                         + ("zeroadv" if self.prompt_replay_when == "zero_adv" else ""))
+                         + ("zeroadv" if self.prompt_replay_when == "zero_adv" else "")
+                         + (f"age{self.prompt_replay_max_age}" if self.prompt_replay_max_age is not None else ""))
         if not self.filter_zero_adv:
             parts.append("keep0adv")
         if not self.stop_grad:
@@ -436,6 +439,8 @@ class Harness:
             stats = self.buffer.stats()
             m["buffer_groups"] = stats["groups"]
             m["buffer_versions"] = len(stats["groups_per_version"])
+            if self.buffer.prompts is not None:  # the per-prompt store's size (driver memory)
+                m["history_responses"], m["history_bytes"] = stats["history_responses"], stats["history_bytes"]
         t_train = time.perf_counter() - t1
 
         self.version += 1

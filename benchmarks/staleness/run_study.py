@@ -71,6 +71,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "darl_prompt_mixed": {"method": "darl", "prompt_replay": 16, "prompt_replay_norm": "mixed"},
     # history groups only for fresh groups with no advantage of their own, in their place: about the preset's step
     "darl_prompt_zero": {"method": "darl", "prompt_replay": 16, "prompt_replay_when": "zero_adv"},
+    # the per-prompt store with an age cap (its memory bound): a response is dropped 8 steps after it was stored, so a
+    # prompt of the scarce pool (back every 8 steps) finds only its last visit's responses
+    "darl_prompt_age8": {"method": "darl", "prompt_replay": 16, "prompt_replay_max_age": 8},
+    "darl_prompt_age16": {"method": "darl", "prompt_replay": 16, "prompt_replay_max_age": 16},
     # the preset with per-prompt replay's step size but no history: every fresh group plus up to B replayed ones
     "darl_r1": {"method": "darl", "ratio": 1.0},
     # the preset with two passes over each step's batch (verl's ppo_epochs=2): equal_update's extra updates on the preset

@@ -251,3 +251,37 @@ def test_zero_adv_builds_history_only_in_the_place_of_an_uninformative_fresh_gro
         ReplayConfig(prompt_replay=2, prompt_replay_when="never")
     with pytest.raises(ValueError, match="replay.prompt_replay_when=zero_adv but replay.prompt_replay is false"):
         ReplayConfig(prompt_replay_when="zero_adv")
+
+
+@pytest.mark.parametrize("max_age", [None, 2, 1])
+def test_max_age_drops_stored_responses_a_given_number_of_steps_after_they_were_stored(max_age):
+    buf = ReplayBuffer(k=1, warmup=0, prompt_replay=4, prompt_replay_max_age=max_age)
+    _visit(buf, [group("a", 1, [1.0, 0.0], base=-1.0)], 1)  # prompt (5, 6, 7): 2 responses stored at step 1
+    _visit(buf, [group("b", 2, [1.0, 0.0], prompt=(9, 9))], 2)  # another prompt
+    # step 1's responses are 2 steps old at step 3: usable under no cap and max_age 2, gone under max_age 1
+    assert len(buf.prompts.store.get(group("x", 0, [0.0]).prompt_key, [])) == (0 if max_age == 1 else 2)
+    cands = buf.begin_step([group("c", 3, [0.0, 1.0])], 3)
+    assert len(cands.history) == (0 if max_age == 1 else 1)
+    buf.end_step(cands, cands.fresh)
+    # after step 3 (usable at step 4: stored at step >= 4 - max_age): no cap keeps all 6; max_age 2 drops step 1's
+    # 2 (steps 2 and 3 kept: 4); max_age 1 only step 3's 2 (step 1's were dropped after step 2)
+    assert len(buf.prompts) == {None: 6, 2: 4, 1: 2}[max_age]
+    assert buf.prompts.totals["expired"] == {None: 0, 2: 2, 1: 4}[max_age]
+    assert buf.prompts.max_age == max_age
+
+
+def test_max_age_bounds_the_store_where_prompts_do_not_come_back():
+    # B = 2 new prompts a step, n = 2 responses each, max_age A = 3: at most A x B x n = 12 responses held
+    buf = ReplayBuffer(k=1, warmup=0, prompt_replay=4, prompt_replay_max_age=3)
+    held = []
+    for step in range(1, 9):
+        _visit(buf, [group(f"g{step}{j}", step, [1.0, 0.0], prompt=(step, j)) for j in range(2)], step)
+        held.append((len(buf.prompts), buf.prompts.stats()["prompts"]))
+    # steps 1-3 fill it (4, 8, 12 responses); from then on a step's 4 arrivals replace the 4 stored A steps earlier
+    assert held == [(4, 2), (8, 4), (12, 6)] + [(12, 6)] * 5
+    with pytest.raises(ValueError, match="replay.prompt_replay_max_age must be null or an integer >= 1, got 0"):
+        ReplayConfig(prompt_replay=4, prompt_replay_max_age=0)
+    with pytest.raises(ValueError, match="replay.prompt_replay_max_age is set but replay.prompt_replay is false"):
+        ReplayConfig(prompt_replay_max_age=8)
+    with pytest.raises(ValueError, match="replay.prompt_replay_max_age must be null"):
+        PromptStore(per_prompt=4, max_age=-1)

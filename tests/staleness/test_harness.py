@@ -259,3 +259,19 @@ def test_scarce_task_with_prompt_replay_trains_history_groups_of_returning_promp
     assert any(m["trained_versions"] >= 2 for m in history[2:] if m["history_groups"] and not m["skipped"])
     # two visits of 4 responses for each of the 8 prompts, cap 8 per prompt: all kept
     assert h.buffer.stats()["history_responses"] == 8 * 8 and h.buffer.stats()["history_prompts"] == 8
+
+
+def test_prompt_replay_max_age_drops_history_the_pool_no_longer_reaches(model_dir):
+    # pool of 8, 4 prompts a step: a prompt is back 2 steps after its visit
+    runs, h = _prompt_replay_runs(model_dir, "prompt_replay_max_age", (None, 2, 1), 4)
+    assert h.config.name.endswith("prompt8age1")
+    # max_age 2 keeps what a returning prompt needs: the same history groups and the same losses as no cap...
+    assert [m["loss"] for m in runs[2]] == [m["loss"] for m in runs[None]]
+    assert [m["history_groups"] for m in runs[2]] == [m["history_groups"] for m in runs[None]]
+    assert sum(m["history_groups"] for m in runs[2]) >= 6
+    # ...but holds only the last 2 steps' responses (2 x 4 prompts x 4), where no cap holds both visits of all 8
+    assert [m["history_responses"] for m in runs[None]] == [16, 32, 48, 64]
+    assert [m["history_responses"] for m in runs[2]] == [16, 32, 32, 32]
+    # max_age 1: a prompt's responses are gone when it comes back, so no history group is ever built
+    assert all(m["history_groups"] == 0 for m in runs[1]) and runs[1][-1]["history_responses"] == 16
+    assert runs[1][-1]["history_bytes"] < runs[2][-1]["history_bytes"]

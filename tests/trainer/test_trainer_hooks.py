@@ -360,6 +360,21 @@ def test_prompt_replay_when_zero_adv_replays_only_in_the_place_of_an_uninformati
     assert trainer.metrics["replay/history_groups"] == (2 if when == "always" else 1)
 
 
+@pytest.mark.parametrize("max_age", ["null", 1])
+def test_prompt_replay_max_age_bounds_the_trainers_store(replay_cfg, batch_maker, max_age):
+    steps = [batch_maker(versions=[v, v], rewards=[[1, 0], [0, 1]], seed=20 + v) for v in range(3)]  # new prompts
+    trainer = make_trainer(replay_cfg("replay.k=1", "replay.prompt_replay=2", f"replay.prompt_replay_max_age={max_age}",
+                                      "actor_rollout_ref.actor.ppo_mini_batch_size=1", design=()),
+                           {u: 0.0 for batch in steps for u in uids(batch)})
+    held = []
+    for batch in steps:
+        run_step(trainer, batch)
+        held.append(trainer.metrics["replay/history_responses"])
+    # 4 responses arrive a step; max_age 1 keeps only the last step's (usable one step later)
+    assert held == ([4, 8, 12] if max_age == "null" else [4, 4, 4])
+    assert trainer.buffer.prompts.max_age == (None if max_age == "null" else 1)
+
+
 def test_success_replay_grafts_a_past_success_into_an_all_wrong_group(replay_cfg, batch_maker):
     step1, a, step2 = _same_prompt_twice(batch_maker)
     trainer = make_trainer(replay_cfg("replay.k=1", "replay.success=1", design=()), {a: 0.0, "b": 0.0})

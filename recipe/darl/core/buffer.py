@@ -184,19 +184,22 @@ class ReplayBuffer:
         prompt_replay: int | bool = False,
         prompt_replay_norm: str = "split",
         prompt_replay_when: str = "always",
+        prompt_replay_max_age: Optional[int] = None,
     ) -> None:
         # ReplayConfig checks every value and names the key of any bad one
         ReplayConfig(k=k, warmup=warmup, filter_zero_adv=filter_zero_adv, max_reuse=max_reuse, max_groups=max_groups,
                      success=success, success_max_age=success_max_age, prompt_replay=prompt_replay,
-                     prompt_replay_norm=prompt_replay_norm, prompt_replay_when=prompt_replay_when)
+                     prompt_replay_norm=prompt_replay_norm, prompt_replay_when=prompt_replay_when,
+                     prompt_replay_max_age=prompt_replay_max_age)
         self.k = k
         self.warmup = warmup
         self.filter_zero_adv = filter_zero_adv
         self.max_reuse = max_reuse
         self.max_groups = max_groups
         self.successes: Optional[SuccessStore] = SuccessStore(success, success_max_age) if success else None
-        self.prompts: Optional[PromptStore] = (PromptStore(prompt_replay, prompt_replay_norm, prompt_replay_when)
-                                               if prompt_replay else None)
+        self.prompts: Optional[PromptStore] = (
+            PromptStore(prompt_replay, prompt_replay_norm, prompt_replay_when, prompt_replay_max_age)
+            if prompt_replay else None)
         self.groups: list[Group] = []  # in arrival order
         self.recent_versions: list[int] = []  # the K most recent behavior versions seen, ascending
         self.steps_done = 0
@@ -207,7 +210,7 @@ class ReplayBuffer:
     def from_config(cls, config: ReplayConfig) -> "ReplayBuffer":
         return cls(config.k, config.warmup, config.filter_zero_adv, config.resolved("max_reuse"), config.max_groups,
                    config.success, config.success_max_age, config.prompt_replay, config.prompt_replay_norm,
-                   config.prompt_replay_when)
+                   config.prompt_replay_when, config.prompt_replay_max_age)
 
     def __len__(self) -> int:
         return len(self.groups)

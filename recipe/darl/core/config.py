@@ -61,6 +61,8 @@ class ReplayConfig:
     # which returning prompts get a history group: every one (always), or only those whose fresh group has no
     # advantage of its own (zero_adv: the history group trains in the place of the dropped fresh group)
     prompt_replay_when: PromptReplayWhen = "always"
+    # steps a stored response stays usable (bounds the store's memory where prompts do not come back); null: no limit
+    prompt_replay_max_age: Optional[int] = None
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -113,10 +115,12 @@ class ReplayConfig:
             out.append(f"replay.order must be null, 'chi2', 'newest', 'least_reused' or 'variance', got {self.order!r}")
         if self.success is not False and (not _is_int(self.success) or self.success < 1):
             out.append(f"replay.success must be false or an integer >= 1 (successes kept per prompt), got {self.success!r}")
-        if self.success_max_age is not None and (not _is_int(self.success_max_age) or self.success_max_age < 1):
-            out.append(f"replay.success_max_age must be null or an integer >= 1, got {self.success_max_age!r}")
-        elif self.success_max_age is not None and self.success is False:
-            out.append("replay.success_max_age is set but replay.success is false: set replay.success=1 to use it")
+        for key, store, hint in (("success_max_age", "success", 1), ("prompt_replay_max_age", "prompt_replay", 16)):
+            age = getattr(self, key)
+            if age is not None and (not _is_int(age) or age < 1):
+                out.append(f"replay.{key} must be null or an integer >= 1, got {age!r}")
+            elif age is not None and getattr(self, store) is False:
+                out.append(f"replay.{key} is set but replay.{store} is false: set replay.{store}={hint} to use it")
         if self.prompt_replay is not False and (not _is_int(self.prompt_replay) or self.prompt_replay < 2):
             out.append(f"replay.prompt_replay must be false or an integer >= 2 (responses kept per prompt), "
                        f"got {self.prompt_replay!r}")

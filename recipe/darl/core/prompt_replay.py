@@ -9,8 +9,10 @@ the highest reward (ties: newest first), each with its own behavior version and 
 uid, so GRPO normalises it alone (RePO's "split"); with `prompt_replay_norm: mixed` it carries its fresh group's
 uid as its advantage index instead, so GRPO normalises the 2n responses together (RePO's "mixed"), and a fresh
 group whose own rewards are all equal is trained beside its history group when the 2n are not. With
-`prompt_replay_when: zero_adv` only a fresh group whose rewards are all equal gets one (in its place). The step
-trains it like a fresh group (replayed groups never displace it); it is not put in the buffer (its responses are in
+`prompt_replay_when: zero_adv` only a fresh group whose rewards are all equal gets one (in its place); with
+`prompt_replay_max_age: A` a stored response is dropped A steps after it was stored, which bounds the store where
+prompts do not come back (at most A x B x n responses for B prompts a step). The step trains a history group like
+a fresh group (replayed groups never displace it); it is not put in the buffer (its responses are in
 the store already), and one whose rewards are all equal (all 2n, under mixed) is dropped (no advantage). The
 multi-behavior objective weighs each response against its own behavior policy, as for a grafted success. Plain
 PyTorch, no Ray: the buffer calls it.
@@ -18,7 +20,7 @@ PyTorch, no Ray: the buffer calls it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -35,17 +37,19 @@ class PromptStore(SuccessStore):
 
     only_correct = False
 
-    def __init__(self, per_prompt: int, norm: str = "split", when: str = "always") -> None:
+    def __init__(self, per_prompt: int, norm: str = "split", when: str = "always",
+                 max_age: Optional[int] = None) -> None:
         self.norm = norm  # split | mixed (`replay.prompt_replay_norm`)
         self.when = when  # always | zero_adv (`replay.prompt_replay_when`)
-        super().__init__(per_prompt, max_age=None)
+        super().__init__(per_prompt, max_age)  # `replay.prompt_replay_max_age`
         self.totals["history_groups"] = 0
 
-    def _check(self, per_prompt: int, max_age: None) -> None:
+    def _check(self, per_prompt: int, max_age: Optional[int]) -> None:
         from .config import ReplayConfig
 
         # names the key of a bad value
-        ReplayConfig(prompt_replay=per_prompt, prompt_replay_norm=self.norm, prompt_replay_when=self.when)
+        ReplayConfig(prompt_replay=per_prompt, prompt_replay_norm=self.norm, prompt_replay_when=self.when,
+                     prompt_replay_max_age=max_age)
 
     def history_groups(self, fresh: list[Group]) -> list[Group]:
         """One history group per fresh group whose prompt has at least n responses stored (from earlier
