@@ -174,3 +174,37 @@ def test_common_sh_logger_default(setting, expected, tmp_path):
     out = subprocess.run(["bash", str(PMIS_17B)], env=env, capture_output=True, text=True, check=True).stdout
     (logger,) = [w for w in shlex.split(out) if w.startswith("trainer.logger=")]  # undo printf %q
     assert logger == "trainer.logger=" + expected
+
+
+# --------------------------------------------------------------------------- the per-prompt store's bound
+
+_STORE = ("replay.enable=true", "replay.prompt_replay=16", "data.max_response_length=1024", "data.train_batch_size=32",
+          "actor_rollout_ref.rollout.n=8")
+
+
+@pytest.mark.parametrize("age, held, warned", [("null", 16000, False), (40, 10240, False), (8, 2048, True)])
+def test_the_prompt_store_line_gives_its_bound_from_the_rows_and_the_age(age, held, warned):
+    cfg = _compose(*_STORE, f"replay.prompt_replay_max_age={age}")
+    line = preflight.prompt_store_line(cfg, rows_of=lambda paths: 1000)
+    # no age: 1000 prompts x 16; age A: at most A x 32 prompts x 8 responses (40 steps pass over the 1000 prompts)
+    assert f"holds at most {held} responses" in line
+    assert f"<= {held * 1024 * 9 / 2**30:.2f} GiB at 1024 tokens" in line
+    assert ("shorter than one pass over the 1000 training prompts (32 steps at 32 a step)" in line) == warned
+    assert ("bounds it to age x B x n" in line) == (age == "null")
+
+
+def test_the_prompt_store_line_without_rows_and_when_off(tmp_path):
+    assert preflight.prompt_store_line(_compose(*_STORE[1:])) is None  # replay off
+    assert preflight.prompt_store_line(_compose(*_STORE[:1])) is None  # per-prompt replay off
+    line = preflight.prompt_store_line(_compose(*_STORE), rows_of=lambda paths: None)
+    assert "keeps 16 responses of every prompt seen" in line and "prompt_replay_max_age" in line
+    # the rows come from the parquet files' metadata; a file that is not local parquet gives no count
+    import pandas as pd
+
+    for name, rows in (("a.parquet", 3), ("b.parquet", 5)):
+        pd.DataFrame({"prompt": ["x"] * rows}).to_parquet(tmp_path / name)
+    assert preflight.parquet_rows([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]) == 8
+    assert preflight.parquet_rows([str(tmp_path / "a.parquet"), "hdfs://x/c.parquet"]) is None
+    cfg = _compose(*_STORE, f"data.train_files={tmp_path / 'b.parquet'}", "++faults.check_data=false")
+    lines = preflight.preflight(cfg, importable=lambda: True, env={"WANDB_MODE": "offline"})[1]
+    assert any("holds at most 80 responses" in line for line in lines)  # 5 prompts x 16

@@ -9,6 +9,10 @@ to PyTorch's `sdpa` when `flash_attn` cannot be imported and the user did not ch
 also says what else is lost: verl's log-probs without flash-attn's cross-entropy loop over tokens
 (`logprobs_from_logits_v2`), measured 70-110x slower than one log_softmax on an H100.
 
+Per-prompt store. `replay.prompt_replay` keeps responses of every prompt seen on the driver, and saves them in
+every checkpoint; `prompt_store_line` prints its upper bound from the data's rows and `data.max_response_length`,
+and says when `replay.prompt_replay_max_age` drops responses before their prompt can come back.
+
 Logger. `wandb.init` without credentials raises `UsageError: No API key configured`; verl calls it
 when the trainer starts (one-step-off: at the start of `fit()`, after every model and vLLM engine has
 loaded). `logger_problems` names the missing key before anything starts.
@@ -98,12 +102,61 @@ def logger_problems(cfg: DictConfig, env: Mapping[str, str] | None = None, home:
             "from trainer.logger (the launch scripts: LOGGER='[\"console\",\"tensorboard\"]')"]
 
 
+def parquet_rows(paths: list[str]) -> int | None:
+    """Rows of local parquet files from their metadata (None when one is not a readable local parquet file)."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for path in paths:
+        path = os.path.expanduser(str(path))
+        if "://" in path or not path.endswith(".parquet") or not os.path.isfile(path):
+            return None
+        try:
+            total += pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # noqa: BLE001 - the data check names an unreadable file
+            return None
+    return total
+
+
+def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None] = parquet_rows) -> str | None:
+    """The per-prompt store's upper bound (responses, GiB at 9 bytes a token) when `replay.prompt_replay` is on,
+    with a warning when `replay.prompt_replay_max_age` is shorter than one pass over the training data."""
+    from .config_check import step_budget
+
+    replay = cfg.get("replay") or {}
+    per_prompt, max_age = replay.get("prompt_replay", False), replay.get("prompt_replay_max_age")
+    if not replay.get("enable", False) or per_prompt is False or per_prompt is None:
+        return None
+    try:
+        per_prompt, max_age = int(per_prompt), None if max_age is None else int(max_age)
+        budget, n = step_budget(cfg), int(cfg.actor_rollout_ref.rollout.n)
+        max_tokens = int(cfg.data.get("max_response_length") or 0)
+    except (TypeError, ValueError):  # the config check names the bad value
+        return None
+    files = cfg.data.get("train_files")
+    rows = rows_of([files] if isinstance(files, str) else list(files or []))
+    bounds = ([rows * int(per_prompt)] if rows is not None else []) + ([max_age * budget * n] if max_age else [])
+    if not bounds:
+        return (f"[D-ARL] replay.prompt_replay={per_prompt}: the per-prompt store keeps {per_prompt} responses of "
+                "every prompt seen, on the driver and in every checkpoint; set replay.prompt_replay_max_age to bound it")
+    held = min(bounds)
+    line = (f"[D-ARL] replay.prompt_replay={per_prompt}: the per-prompt store holds at most {held} responses "
+            f"(<= {held * max_tokens * 9 / 2**30:.2f} GiB at {max_tokens} tokens, on the driver and in every checkpoint)")
+    if max_age is None:
+        return line + "; replay.prompt_replay_max_age bounds it to age x B x n responses"
+    if rows is not None and budget > 0 and max_age * budget < rows:
+        line += (f"; warning: replay.prompt_replay_max_age={max_age} steps is shorter than one pass over the "
+                 f"{rows} training prompts ({-(-rows // budget)} steps at {budget} a step): most prompts' responses "
+                 "are dropped before the prompt comes back")
+    return line
+
+
 def preflight(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_importable,
               env: Mapping[str, str] | None = None, home: str | None = None) -> tuple[list[str], list[str]]:
     """(problems, lines to print): the logger check, the data check (glue/data_check.py: rows without ground
-    truth, empty or overlong prompts), and the attention fallback applied to `cfg`."""
+    truth, empty or overlong prompts), the attention fallback applied to `cfg`, and the per-prompt store's bound."""
     from .data_check import data_problems
 
-    line = select_attention(cfg, importable)
+    lines = [select_attention(cfg, importable), prompt_store_line(cfg)]
     data, data_lines = data_problems(cfg)
-    return logger_problems(cfg, env, home) + data, ([line] if line else []) + data_lines
+    return logger_problems(cfg, env, home) + data, [line for line in lines if line] + data_lines
