@@ -43,6 +43,7 @@ scarce --staleness 1 4 8 --methods darl_e2
 scarce --staleness 1 4 8 --methods darl_prompt_mixed   # RePO's mixed normalisation (seventh session)
 scarce --staleness 4 --methods darl_variance            # prioritized replay, order: variance (seventh session)
 scarce --staleness 4 1 8 --methods darl_prompt_zero     # history groups only for groups without advantage (seventh session)
+scarce --staleness 4 --methods darl_prompt_age8 darl_prompt_age16   # the store's age cap (eighth session)
 scarce --report-only
 # the same regime through what users run: the CPU seed scripts through verl's two trainers (Ray, FSDP2, hf rollout)
 PIPELINE_STEPS="${PIPELINE_STEPS:-$(( STEPS < 40 ? STEPS : 40 ))}"
