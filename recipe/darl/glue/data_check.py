@@ -30,6 +30,12 @@ def _files(value) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
+def local_parquet(path) -> str | None:
+    """`path` with `~` expanded when it names a local parquet file; None for a remote, missing or other file."""
+    path = os.path.expanduser(str(path))
+    return None if "://" in path or not path.endswith(".parquet") or not os.path.isfile(path) else path
+
+
 def _messages(value) -> list:
     if value is None:
         return []
@@ -105,9 +111,8 @@ def data_problems(cfg: DictConfig, tokenizer_loader: Callable[[DictConfig], Any]
         template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) or {}
     tokenizer, lines, problems = None, [], []
     for key in ("train_files", "val_files"):
-        for path in _files(data.get(key)):
-            path = os.path.expanduser(str(path))
-            if "://" in path or not path.endswith(".parquet") or not os.path.isfile(path):
+        for path in map(local_parquet, _files(data.get(key))):
+            if path is None:
                 continue
             try:
                 import pandas as pd

@@ -106,10 +106,11 @@ def parquet_rows(paths: list[str]) -> int | None:
     """Rows of local parquet files from their metadata (None when one is not a readable local parquet file)."""
     import pyarrow.parquet as pq
 
+    from .data_check import local_parquet
+
     total = 0
-    for path in paths:
-        path = os.path.expanduser(str(path))
-        if "://" in path or not path.endswith(".parquet") or not os.path.isfile(path):
+    for path in map(local_parquet, paths):
+        if path is None:
             return None
         try:
             total += pq.ParquetFile(path).metadata.num_rows
@@ -135,7 +136,7 @@ def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None
         return None
     files = cfg.data.get("train_files")
     rows = rows_of([files] if isinstance(files, str) else list(files or []))
-    bounds = ([rows * int(per_prompt)] if rows is not None else []) + ([max_age * budget * n] if max_age else [])
+    bounds = ([rows * per_prompt] if rows is not None else []) + ([max_age * budget * n] if max_age else [])
     if not bounds:
         return (f"[D-ARL] replay.prompt_replay={per_prompt}: the per-prompt store keeps {per_prompt} responses of "
                 "every prompt seen, on the driver and in every checkpoint; set replay.prompt_replay_max_age to bound it")
