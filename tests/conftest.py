@@ -62,9 +62,28 @@ def subprocess_env(platform: str | None = "cpu", **extra: str) -> dict[str, str]
     return env
 
 
+def last_json_object(stdout: str) -> dict | None:
+    """The last JSON object on its own line of `stdout`, text before or after it on that line ignored: print()
+    writes a line's text and its newline in two calls, and Ray's log thread in the same process can write a
+    worker's log line between them (seen once: the JSON, then a vLLM log line on the same line)."""
+    decoder = json.JSONDecoder()
+    for line in reversed(stdout.splitlines()):
+        start = line.find('{"')
+        while start >= 0:
+            try:
+                found = decoder.raw_decode(line, start)[0]
+            except json.JSONDecodeError:
+                start = line.find('{"', start + 1)
+                continue
+            if isinstance(found, dict):
+                return found
+            start = line.find('{"', start + 1)
+    return None
+
+
 @pytest.fixture(scope="session")
 def run_python():
-    """run_python(code_or_argv, platform="cpu", timeout=..., **env) -> the JSON object on the last stdout line.
+    """run_python(code_or_argv, platform="cpu", timeout=..., **env) -> the last JSON object printed on stdout.
 
     `code_or_argv` is Python source (run with -c) or a list of arguments to the interpreter.
     The process fails the test if it exits non-zero; its output is shown then.
@@ -77,8 +96,8 @@ def run_python():
         if proc.returncode != 0:
             pytest.fail(f"subprocess exited with {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
                         f"--- stderr\n{proc.stderr[-8000:]}", pytrace=False)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        assert lines, f"no JSON line in the subprocess output:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        return json.loads(lines[-1])
+        found = last_json_object(proc.stdout)
+        assert found is not None, f"no JSON line in the subprocess output:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return found
 
     return _run
