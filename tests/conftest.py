@@ -5,7 +5,6 @@ platform detection), so a test that needs it runs verl in a fresh Python process
 environment; the pytest process itself never selects a platform.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from subprocess_json import last_json_object
 
 REPO = Path(__file__).resolve().parents[1]
 # as the CPU scripts do (shells/cpu/common.sh): no idle Ray workers prestarted on a 2-core machine
@@ -60,25 +60,6 @@ def subprocess_env(platform: str | None = "cpu", **extra: str) -> dict[str, str]
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.update(extra)
     return env
-
-
-def last_json_object(stdout: str) -> dict | None:
-    """The last JSON object on its own line of `stdout`, text before or after it on that line ignored: print()
-    writes a line's text and its newline in two calls, and Ray's log thread in the same process can write a
-    worker's log line between them (seen once: the JSON, then a vLLM log line on the same line)."""
-    decoder = json.JSONDecoder()
-    for line in reversed(stdout.splitlines()):
-        start = line.find('{"')
-        while start >= 0:
-            try:
-                found = decoder.raw_decode(line, start)[0]
-            except json.JSONDecodeError:
-                start = line.find('{"', start + 1)
-                continue
-            if isinstance(found, dict):
-                return found
-            start = line.find('{"', start + 1)
-    return None
 
 
 @pytest.fixture(scope="session")

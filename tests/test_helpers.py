@@ -1,6 +1,6 @@
-"""The test suite's own helper that reads a subprocess's result (tests/conftest.py), on the output it met."""
+"""The test suite's own helper that reads a subprocess's result (tests/subprocess_json.py), on the output it met."""
 
-from conftest import last_json_object
+from subprocess_json import last_json_object
 
 
 def test_the_last_json_object_is_read_past_a_log_line_written_onto_its_line():
