@@ -44,6 +44,12 @@ scarce --staleness 1 4 8 --methods darl_prompt_mixed   # RePO's mixed normalisat
 scarce --staleness 4 --methods darl_variance            # prioritized replay, order: variance (seventh session)
 scarce --staleness 4 1 8 --methods darl_prompt_zero     # history groups only for groups without advantage (seventh session)
 scarce --staleness 4 --methods darl_prompt_age8 darl_prompt_age16   # the store's age cap (eighth session)
+# three more seeds where the preset, per-prompt replay for groups without advantage and decoupled PPO were compared
+# (ninth session); full runs only
+if [ "$SEEDS" = "0 1 2" ]; then
+    scarce --staleness 4 8 1 --seeds 3 4 5 --methods decoupled darl darl_prompt_zero
+    scarce --staleness 4 --seeds 3 4 5 --methods gates_only
+fi
 scarce --report-only
 # the same regime through what users run: the CPU seed scripts through verl's two trainers (Ray, FSDP2, hf rollout)
 PIPELINE_STEPS="${PIPELINE_STEPS:-$(( STEPS < 40 ? STEPS : 40 ))}"
