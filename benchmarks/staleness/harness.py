@@ -110,7 +110,9 @@ class HarnessConfig:
     pool_size: int = 256  # the scarce task's prompt pool
     success: Any = False  # replay.success: correct responses kept per prompt (success replay); False: off
     success_max_age: Optional[int] = None
-    prompt_replay: Any = False  # replay.prompt_replay: responses kept per prompt (per-prompt replay, RePO); False: off
+    # replay.prompt_replay: responses kept per prompt (per-prompt replay, RePO); False: off. Off here unless a method
+    # sets it, where the trainers' null follows the preset (16): the study's `darl` keeps its archived meaning
+    prompt_replay: Any = False
     prompt_replay_budget: str = "extra"  # replay.prompt_replay_budget: history groups on top (extra) or in the replay budget (shared)
     prompt_replay_norm: str = "split"  # replay.prompt_replay_norm: history advantages alone (split) or over 2n (mixed)
     prompt_replay_when: str = "always"  # replay.prompt_replay_when: history for every returning prompt or zero_adv ones

@@ -35,7 +35,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "naive": {"method": "naive"},
     "decoupled": {"method": "decoupled"},
     "equal_update": {"method": "decoupled", "epochs": 2},  # as many optimizer updates as replay with ratio 1
-    "darl": {"method": "darl"},  # the `pmis: true` preset (second design, core/config.py PRESET)
+    # the group-replay preset of sessions 1-8 (core/config.py PRESET without its per-prompt store: the harness leaves
+    # replay.prompt_replay off unless a method sets it); the preset since the ninth session is darl_prompt_zero
+    "darl": {"method": "darl"},
     # ablations of the preset, one switch each
     "darl_no_m2": {"method": "darl", "m2_budget": False},
     "darl_no_bclip": {"method": "darl", "behavior_clip": False},
@@ -69,7 +71,8 @@ METHODS: dict[str, dict[str, Any]] = {
     # advantages over the fresh group and its history group together (RePO's adv_norm_mode=mixed): an all-wrong
     # fresh group beside a history group with a success is trained too, its responses pushed down
     "darl_prompt_mixed": {"method": "darl", "prompt_replay": 16, "prompt_replay_norm": "mixed"},
-    # history groups only for fresh groups with no advantage of their own, in their place: about the preset's step
+    # history groups only for fresh groups with no advantage of their own, in their place: about the preset's step.
+    # The preset since the ninth session (what replay.enable=true resolves to in the trainers; tests/staleness)
     "darl_prompt_zero": {"method": "darl", "prompt_replay": 16, "prompt_replay_when": "zero_adv"},
     # the per-prompt store with an age cap (its memory bound): a response is dropped 8 steps after it was stored, so a
     # prompt of the scarce pool (back every 8 steps) finds only its last visit's responses

@@ -195,7 +195,11 @@ def test_the_prompt_store_line_gives_its_bound_from_the_rows_and_the_age(age, he
 
 def test_the_prompt_store_line_without_rows_and_when_off(tmp_path):
     assert preflight.prompt_store_line(_compose(*_STORE[1:])) is None  # replay off
-    assert preflight.prompt_store_line(_compose(*_STORE[:1])) is None  # per-prompt replay off
+    assert preflight.prompt_store_line(_compose(_STORE[0], "replay.prompt_replay=false")) is None  # per-prompt replay off
+    assert preflight.prompt_store_line(_compose(_STORE[0], "replay.pmis=false")) is None  # null follows pmis false: off
+    # null follows the preset (16): the line is printed for the preset as shipped
+    assert preflight.prompt_store_line(_compose(*_STORE[:1]), rows_of=lambda paths: None).startswith(
+        "[D-ARL] replay.prompt_replay=16: the per-prompt store keeps 16 responses")
     line = preflight.prompt_store_line(_compose(*_STORE), rows_of=lambda paths: None)
     assert "keeps 16 responses of every prompt seen" in line and "prompt_replay_max_age" in line
     # the rows come from the parquet files' metadata; a file that is not local parquet gives no count

@@ -64,7 +64,7 @@ def test_mixed_versions_ties_equal_rewards_and_other_prompts():
 
 
 def test_history_groups_are_never_displaced_and_weighted_against_their_own_behavior():
-    cfg = ReplayConfig(enable=True, k=2, warmup=0, prompt_replay=2)
+    cfg = ReplayConfig(enable=True, k=2, warmup=0, prompt_replay=2, prompt_replay_when="always")
     buf = ReplayBuffer.from_config(cfg)
     assert buf.prompts is not None and buf.prompts.per_prompt == 2
     _visit(buf, [group("a", 1, [1.0, 0.0], base=-1.0)], 1)
@@ -106,7 +106,7 @@ def test_the_store_survives_a_checkpoint_and_a_mismatched_resume_is_an_error():
 
 @pytest.mark.parametrize("value", [1, 0, True, 2.5, "4"])
 def test_bad_values_name_the_key(value):
-    with pytest.raises(ValueError, match="replay.prompt_replay must be false or an integer >= 2"):
+    with pytest.raises(ValueError, match="replay.prompt_replay must be null, false or an integer >= 2"):
         ReplayConfig(prompt_replay=value)
 
 
@@ -135,7 +135,8 @@ def test_shared_budget_puts_history_groups_first_in_the_replay_slots():
 
 def test_select_for_step_shares_the_budget_only_when_asked():
     def run(budget_mode):
-        cfg = ReplayConfig(enable=True, k=2, warmup=0, prompt_replay=2, prompt_replay_budget=budget_mode)
+        cfg = ReplayConfig(enable=True, k=2, warmup=0, prompt_replay=2, prompt_replay_budget=budget_mode,
+                           prompt_replay_when="always")
         buf = ReplayBuffer.from_config(cfg)
         _visit(buf, [group("a", 1, [1.0, 0.0], base=-1.0)], 1)
         fresh = group("b", 2, [1.0, 0.0], base=-2.0)
@@ -155,7 +156,7 @@ def test_select_for_step_shares_the_budget_only_when_asked():
 
 @pytest.mark.parametrize("values, message", [
     ({"prompt_replay_budget": "both"}, "replay.prompt_replay_budget must be 'extra' or 'shared'"),
-    ({"prompt_replay_budget": "shared"}, "replay.prompt_replay_budget=shared but replay.prompt_replay is false"),
+    ({"prompt_replay": False, "prompt_replay_budget": "shared"}, "replay.prompt_replay_budget=shared but per-prompt replay is off"),
     ({"prompt_replay": 16, "prompt_replay_budget": "shared", "ratio": False}, "shares the replay budget"),
     ({"prompt_replay": 16, "prompt_replay_budget": "shared", "pmis": False}, "shares the replay budget"),
 ])
@@ -216,7 +217,7 @@ def test_mixed_keeps_an_equal_reward_history_group_beside_an_informative_fresh_o
 
 @pytest.mark.parametrize("values, message", [
     ({"prompt_replay_norm": "joint"}, "replay.prompt_replay_norm must be 'split' or 'mixed'"),
-    ({"prompt_replay_norm": "mixed"}, "replay.prompt_replay_norm=mixed but replay.prompt_replay is false"),
+    ({"prompt_replay": False, "prompt_replay_norm": "mixed"}, "replay.prompt_replay_norm=mixed but per-prompt replay is off"),
     ({"prompt_replay": 16, "prompt_replay_norm": "mixed", "prompt_replay_budget": "shared"}, "needs replay.prompt_replay_budget=extra"),
     ({"prompt_replay": 16, "prompt_replay_norm": "mixed", "ratio": False}, "needs replay.ratio"),
 ])
@@ -247,10 +248,12 @@ def test_zero_adv_builds_history_only_in_the_place_of_an_uninformative_fresh_gro
         (hist,) = cands.history
         assert hist.uid == "d:history" and hist.rewards.tolist() == [1.0, 0.0] and cands.fresh == [c, hist]
     assert buf.prompts.totals["history_groups"] == len(cands.history)
-    with pytest.raises(ValueError, match="replay.prompt_replay_when must be 'always' or 'zero_adv'"):
+    with pytest.raises(ValueError, match="replay.prompt_replay_when must be null, 'always' or 'zero_adv'"):
         ReplayConfig(prompt_replay=2, prompt_replay_when="never")
-    with pytest.raises(ValueError, match="replay.prompt_replay_when=zero_adv but replay.prompt_replay is false"):
-        ReplayConfig(prompt_replay_when="zero_adv")
+    with pytest.raises(ValueError, match="replay.prompt_replay_when=zero_adv but per-prompt replay is off"):
+        ReplayConfig(prompt_replay=False, prompt_replay_when="zero_adv")
+    with pytest.raises(ValueError, match="replay.prompt_replay_when=zero_adv but per-prompt replay is off"):
+        ReplayConfig(pmis=False, prompt_replay_when="zero_adv")  # null follows pmis false: off
 
 
 @pytest.mark.parametrize("max_age", [None, 2, 1])
@@ -281,7 +284,21 @@ def test_max_age_bounds_the_store_where_prompts_do_not_come_back():
     assert held == [(4, 2), (8, 4), (12, 6)] + [(12, 6)] * 5
     with pytest.raises(ValueError, match="replay.prompt_replay_max_age must be null or an integer >= 1, got 0"):
         ReplayConfig(prompt_replay=4, prompt_replay_max_age=0)
-    with pytest.raises(ValueError, match="replay.prompt_replay_max_age is set but replay.prompt_replay is false"):
-        ReplayConfig(prompt_replay_max_age=8)
+    with pytest.raises(ValueError, match="replay.prompt_replay_max_age is set but replay.prompt_replay is off"):
+        ReplayConfig(prompt_replay=False, prompt_replay_max_age=8)
     with pytest.raises(ValueError, match="replay.prompt_replay_max_age must be null"):
         PromptStore(per_prompt=4, max_age=-1)
+
+
+def test_the_preset_resolves_per_prompt_replay_in_the_place_of_groups_without_advantage():
+    preset = ReplayConfig(enable=True)
+    assert (preset.resolved("prompt_replay"), preset.resolved("prompt_replay_when")) == (16, "zero_adv")
+    store = ReplayBuffer.from_config(preset).prompts
+    assert (store.per_prompt, store.when, store.norm, store.max_age) == (16, "zero_adv", "split", None)
+    uniform = ReplayConfig(enable=True, pmis=False)  # null follows pmis false: off
+    assert uniform.resolved("prompt_replay") is None and ReplayBuffer.from_config(uniform).prompts is None
+    off = ReplayConfig(enable=True, prompt_replay=False)  # the group-replay preset of sessions 1-8
+    assert off.resolved("prompt_replay") is None and ReplayBuffer.from_config(off).prompts is None
+    # an explicit count with the when key unset follows pmis too: zero_adv in the preset, always without it
+    assert ReplayConfig(prompt_replay=4).resolved("prompt_replay_when") == "zero_adv"
+    assert ReplayConfig(prompt_replay=4, pmis=False).resolved("prompt_replay_when") == "always"

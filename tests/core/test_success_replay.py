@@ -120,7 +120,7 @@ def test_config_keys_are_checked_and_name_the_key():
             ReplayConfig(**bad)
     with pytest.raises(ValueError, match="replay.success_max_age"):
         ReplayConfig(success=1, success_max_age=0)
-    with pytest.raises(ValueError, match="replay.success is false"):
+    with pytest.raises(ValueError, match="replay.success is off"):
         ReplayConfig(success_max_age=5)
     with pytest.raises(ValueError, match="'variance'"):
         ReplayConfig(order="priority")

@@ -4,6 +4,7 @@ A dense reward (share of digit characters in the response) gives every group a n
 so the updates are real even though the model is untrained.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -113,6 +114,23 @@ def test_ablation_switches_resolve(model_dir):
     for overrides in (METHODS["replay_uniform"], METHODS["pmis_no_selection"]):
         history = run_steps(make(model_dir, staleness=1, **overrides), 3)
         assert all(math.isfinite(m["loss"]) for m in history if not m["skipped"])
+
+
+def test_the_study_runs_the_preset_the_trainers_resolve_under_darl_prompt_zero():
+    """What the study measures as the preset is what `replay.enable=true` resolves to in the trainers: every key of
+    `darl_prompt_zero` resolved equals the trainers' preset; `darl` is the group-replay preset of sessions 1-8 (the
+    same but for the per-prompt store, which the harness leaves off unless a method sets it)."""
+    from recipe.darl.core.config import PRESET, ReplayConfig
+
+    def resolved(rc: ReplayConfig) -> dict:
+        return {f.name: rc.resolved(f.name) if f.name in PRESET else getattr(rc, f.name) for f in dataclasses.fields(rc)}
+
+    preset = resolved(ReplayConfig(enable=True))
+    assert preset["prompt_replay"] == 16 and preset["prompt_replay_when"] == "zero_adv"
+    assert resolved(HarnessConfig(**METHODS["darl_prompt_zero"]).replay_config()) == preset
+    group_preset = resolved(HarnessConfig(**METHODS["darl"]).replay_config())
+    assert {k for k in preset if preset[k] != group_preset[k]} == {"prompt_replay", "prompt_replay_when"}
+    assert group_preset["prompt_replay"] is None
 
 
 def test_equal_update_doubles_the_updates_and_the_preset_reports_its_controls(model_dir):

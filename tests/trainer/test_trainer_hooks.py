@@ -297,7 +297,7 @@ def test_prompt_replay_budget_history_on_top_or_first_in_the_replay_budget(repla
     step2.non_tensor_batch["uid"] = np.array(["d", "d", "e", "e"], dtype=object)
     step2.non_tensor_batch["min_global_steps"] = np.array([1, 1, 1, 1], dtype=object)
     # B = 2, ratio 0.5: one replay slot; mini-batches of one group, so no rounding
-    trainer = make_trainer(replay_cfg("replay.prompt_replay=2", f"replay.prompt_replay_budget={budget}",
+    trainer = make_trainer(replay_cfg("replay.prompt_replay=2", f"replay.prompt_replay_budget={budget}", "replay.prompt_replay_when=always",
                                       "actor_rollout_ref.actor.ppo_mini_batch_size=1", design=()),
                            {u: 0.0 for u in (a, b, "d", "e", "d:history", "e:history")})
     run_step(trainer, step1)
@@ -340,8 +340,9 @@ def test_prompt_replay_norm_mixed_normalises_fresh_and_history_rows_together(rep
     assert trainer.metrics["replay/history_trained"] == 1 and len(trainer.buffer) == 0
 
 
-@pytest.mark.parametrize("when", ["always", "zero_adv"])
+@pytest.mark.parametrize("when", ["always", "zero_adv", "preset"])
 def test_prompt_replay_when_zero_adv_replays_only_in_the_place_of_an_uninformative_group(replay_cfg, batch_maker, when):
+    """"preset": neither key set, so both follow `pmis` (16 kept per prompt, zero_adv): the trainers' preset."""
     import numpy as np
 
     step1 = batch_maker(versions=[0, 0], rewards=[[1, 0], [0, 1]], seed=12)
@@ -349,9 +350,10 @@ def test_prompt_replay_when_zero_adv_replays_only_in_the_place_of_an_uninformati
     step2 = batch_maker(versions=[1, 1], rewards=[[1, 0], [0, 0]], seed=12)  # same prompts; e's responses all wrong
     step2.non_tensor_batch["uid"] = np.array(["d", "d", "e", "e"], dtype=object)
     step2.non_tensor_batch["min_global_steps"] = np.array([1, 1, 1, 1], dtype=object)
-    trainer = make_trainer(replay_cfg("replay.k=1", "replay.prompt_replay=2", f"replay.prompt_replay_when={when}",
-                                      "actor_rollout_ref.actor.ppo_mini_batch_size=1", design=()),
+    keys = () if when == "preset" else ("replay.prompt_replay=2", f"replay.prompt_replay_when={when}")
+    trainer = make_trainer(replay_cfg("replay.k=1", *keys, "actor_rollout_ref.actor.ppo_mini_batch_size=1", design=()),
                            {u: 0.0 for u in (a, b, "d", "e", "d:history", "e:history")})
+    assert trainer.buffer.prompts.per_prompt == (16 if when == "preset" else 2)
     run_step(trainer, step1)
     run_step(trainer, step2)
     trained = uids(trainer.trained[-1])

@@ -208,9 +208,10 @@ class ReplayBuffer:
 
     @classmethod
     def from_config(cls, config: ReplayConfig) -> "ReplayBuffer":
+        per_prompt = config.resolved("prompt_replay")  # null follows pmis: the preset's 16, or off
         return cls(config.k, config.warmup, config.filter_zero_adv, config.resolved("max_reuse"), config.max_groups,
-                   config.success, config.success_max_age, config.prompt_replay, config.prompt_replay_norm,
-                   config.prompt_replay_when, config.prompt_replay_max_age)
+                   config.success, config.success_max_age, per_prompt or False, config.prompt_replay_norm,
+                   config.resolved("prompt_replay_when") if per_prompt else "always", config.prompt_replay_max_age)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -351,7 +352,8 @@ class ReplayBuffer:
                 continue
             if state.get(name) is None:
                 raise ValueError(f"replay.{key} is on but the checkpoint's buffer has no {name} store "
-                                 f"(saved with replay.{key}=false): resume with the same setting")
+                                 f"(saved with replay.{key}=false, or under the preset before the ninth session, "
+                                 f"which had no per-prompt store): resume with replay.{key}=false")
             store.load_state_dict(state[name])
 
 

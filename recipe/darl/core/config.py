@@ -18,13 +18,15 @@ PromptReplayWhen = Literal["always", "zero_adv"]
 # What `pmis: true` resolves the keys left null to: the second design (docs/algorithm.md). False turns a
 # numeric control off; `pmis: false` resolves them to the uniform-replay ablation (newest first, no controls).
 # behavior_clip_high false: the trust region bounds A < 0 only (docs/evidence.md: a bound on A > 0 cost 24 points in
-# the scarce regime and put the preset below decoupled PPO there)
+# the scarce regime and put the preset below decoupled PPO there). prompt_replay 16 with prompt_replay_when zero_adv
+# (since the ninth session): a fresh group without advantage trains its prompt's 8 best stored responses in its place
+# (docs/evidence.md: above decoupled PPO in every one of six seeds at s = 4, where group replay alone was not)
 PRESET = {"order": "least_reused", "ratio": 0.5, "m2_budget": 0.04, "behavior_clip": 0.2, "behavior_clip_high": False,
-          "max_reuse": 2}
+          "max_reuse": 2, "prompt_replay": 16, "prompt_replay_when": "zero_adv"}
 UNIFORM = {"order": "newest", "ratio": False, "m2_budget": False, "behavior_clip": False, "behavior_clip_high": False,
-           "max_reuse": False}
+           "max_reuse": False, "prompt_replay": False, "prompt_replay_when": "always"}
 FIRST_DESIGN = {"order": "chi2", "ratio": False, "m2_budget": False, "behavior_clip": False, "behavior_clip_high": False,
-                "max_reuse": False}
+                "max_reuse": False, "prompt_replay": False, "prompt_replay_when": "always"}
 
 
 @dataclass
@@ -51,7 +53,7 @@ class ReplayConfig:
     behavior_clip_high: Optional[float | bool] = None  # its eps for A > 0; false: no bound on that side
     success: int | bool = False  # success replay: correct responses kept per prompt; false: off
     success_max_age: Optional[int] = None  # steps a stored success stays usable; null: no limit
-    prompt_replay: int | bool = False  # per-prompt replay (RePO): responses kept per prompt; false: off
+    prompt_replay: Optional[int | bool] = None  # per-prompt replay (RePO): responses kept per prompt; false: off
     # history groups trained on top of the step like fresh ones (extra), or first in line for the replay
     # budget `ratio` x B, ahead of buffered groups (shared): a step then trains what the preset trains
     prompt_replay_budget: PromptReplayBudget = "extra"
@@ -60,7 +62,7 @@ class ReplayConfig:
     prompt_replay_norm: PromptReplayNorm = "split"
     # which returning prompts get a history group: every one (always), or only those whose fresh group has no
     # advantage of its own (zero_adv: the history group trains in the place of the dropped fresh group)
-    prompt_replay_when: PromptReplayWhen = "always"
+    prompt_replay_when: Optional[PromptReplayWhen] = None
     # steps a stored response stays usable (bounds the store's memory where prompts do not come back); null: no limit
     prompt_replay_max_age: Optional[int] = None
 
@@ -119,10 +121,11 @@ class ReplayConfig:
             age = getattr(self, key)
             if age is not None and (not _is_int(age) or age < 1):
                 out.append(f"replay.{key} must be null or an integer >= 1, got {age!r}")
-            elif age is not None and getattr(self, store) is False:
-                out.append(f"replay.{key} is set but replay.{store} is false: set replay.{store}={hint} to use it")
-        if self.prompt_replay is not False and (not _is_int(self.prompt_replay) or self.prompt_replay < 2):
-            out.append(f"replay.prompt_replay must be false or an integer >= 2 (responses kept per prompt), "
+            elif age is not None and not self._store_on(store):
+                out.append(f"replay.{key} is set but replay.{store} is off: set replay.{store}={hint} to use it")
+        if (self.prompt_replay is not None and self.prompt_replay is not False
+                and (not _is_int(self.prompt_replay) or self.prompt_replay < 2)):
+            out.append(f"replay.prompt_replay must be null, false or an integer >= 2 (responses kept per prompt), "
                        f"got {self.prompt_replay!r}")
         if self.prompt_replay_budget not in ("extra", "shared"):
             out.append(f"replay.prompt_replay_budget must be 'extra' or 'shared', got {self.prompt_replay_budget!r}")
@@ -139,13 +142,14 @@ class ReplayConfig:
             if self.resolved("ratio") is None:
                 out.append("replay.prompt_replay_norm=mixed needs replay.ratio (not false): with a fixed budget a "
                            "fresh group can be left out of the step its history group is trained in")
-        if self.prompt_replay_when not in ("always", "zero_adv"):
-            out.append(f"replay.prompt_replay_when must be 'always' or 'zero_adv', got {self.prompt_replay_when!r}")
-        for key, default in (("prompt_replay_budget", "extra"), ("prompt_replay_norm", "split"),
-                             ("prompt_replay_when", "always")):
-            if getattr(self, key) != default and self.prompt_replay is False:
-                out.append(f"replay.{key}={getattr(self, key)} but replay.prompt_replay is false: "
-                           "set replay.prompt_replay (responses kept per prompt) to use it")
+        if self.prompt_replay_when not in (None, "always", "zero_adv"):
+            out.append(f"replay.prompt_replay_when must be null, 'always' or 'zero_adv', got {self.prompt_replay_when!r}")
+        for key, unset in (("prompt_replay_budget", ("extra",)), ("prompt_replay_norm", ("split",)),
+                           ("prompt_replay_when", (None, "always"))):
+            if getattr(self, key) not in unset and not self._store_on("prompt_replay"):
+                out.append(f"replay.{key}={getattr(self, key)} but per-prompt replay is off (replay.prompt_replay "
+                           "false, or null with replay.pmis=false): set replay.prompt_replay (responses kept per "
+                           "prompt) to use it")
         for name, low, high in (("ratio", 0.0, math.inf), ("m2_budget", 0.0, math.inf), ("behavior_clip", 0.0, 1.0)):
             value = getattr(self, name)
             if value is None or value is False:
@@ -178,12 +182,19 @@ class ReplayConfig:
         return []
 
     def resolved(self, name: str) -> Any:
-        """`order`, `ratio`, `m2_budget`, `behavior_clip`, `behavior_clip_high` or `max_reuse`: the value set, or the preset's
-        (`pmis: true`) or uniform replay's (`pmis: false`) when null. False (off) is returned as None."""
+        """A key of PRESET (`order`, `ratio`, `m2_budget`, `behavior_clip`, `behavior_clip_high`, `max_reuse`,
+        `prompt_replay`, `prompt_replay_when`): the value set, or the preset's (`pmis: true`) or uniform replay's
+        (`pmis: false`) when null. False (off) is returned as None."""
         value = getattr(self, name)
         if value is None:
             value = (PRESET if self.pmis else UNIFORM)[name]
         return None if value is False else value
+
+    def _store_on(self, store: str) -> bool:
+        """Whether the success store (`success`) or the per-prompt store (`prompt_replay`) is on."""
+        if store == "prompt_replay":
+            return self.resolved("prompt_replay") is not None
+        return getattr(self, store) is not False
 
     def behavior_clip_range(self) -> Optional[tuple[float, float]]:
         """(eps for A < 0, eps for A > 0) of the trust region around the behavior policy, inf where a side

@@ -105,7 +105,7 @@ def check_config(cfg: DictConfig) -> list[str]:
             problems.append("actor_rollout_ref.actor.shuffle=true: D-ARL's per-mini-batch source weights need verl's sequential mini-batches; set it false")
     else:
         for key in ("success", "prompt_replay"):
-            if replay_values.get(key, False) is not False:
+            if replay_values.get(key) is not None and replay_values.get(key) is not False:
                 problems.append(f"replay.{key}={replay_values[key]!r} needs replay.enable=true (the stores live in the "
                                 "replay buffer); with replay.enable=false it would be ignored")
     if not enabled and bypass and (corr.get("rollout_is") is not None or corr.get("rollout_rs") is not None or corr.get("loss_type", "ppo_clip") != "ppo_clip"):
@@ -199,6 +199,14 @@ def fully_async_findings(cfg: DictConfig) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
+def resolved_replay_key(replay_values: dict, key: str) -> Any:
+    """A preset key of `replay_values` as `ReplayConfig.resolved` gives it (None when off or not valid)."""
+    try:
+        return ReplayConfig.from_dict(replay_values).resolved(key)
+    except ValueError:  # its problems are reported by ReplayConfig.problems_of
+        return None
+
+
 def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
     problems = []
     arr = cfg.actor_rollout_ref
@@ -223,6 +231,11 @@ def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
         if multiple > budget:
             problems.append(f"the selection must take a multiple of {multiple} groups (mini-batch {mini}, n {n}, dp {dp}) "
                             f"but the step's budget of {budget} groups is smaller")
+        per_prompt = resolved_replay_key(replay_values, "prompt_replay")
+        if per_prompt is not None and _number(per_prompt) and int(per_prompt) < n:
+            problems.append(f"replay.prompt_replay={per_prompt} (responses kept per prompt; null follows the preset's "
+                            f"16) is below actor_rollout_ref.rollout.n={n}: no history group could ever form; set "
+                            "replay.prompt_replay >= n, or false")
         max_groups = replay_values.get("max_groups")
         if isinstance(max_groups, int) and not isinstance(max_groups, bool) and max_groups < budget:
             problems.append(f"replay.max_groups={max_groups} is below the batch budget of {budget} groups a step "

@@ -122,11 +122,12 @@ def parquet_rows(paths: list[str]) -> int | None:
 def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None] = parquet_rows) -> str | None:
     """The per-prompt store's upper bound (responses, GiB at 9 bytes a token) when `replay.prompt_replay` is on,
     with a warning when `replay.prompt_replay_max_age` is shorter than one pass over the training data."""
-    from .config_check import step_budget
+    from .config_check import resolved_replay_key, step_budget
 
-    replay = cfg.get("replay") or {}
-    per_prompt, max_age = replay.get("prompt_replay", False), replay.get("prompt_replay_max_age")
-    if not replay.get("enable", False) or per_prompt is False or per_prompt is None:
+    replay = OmegaConf.to_container(cfg.get("replay") or {}, resolve=True)
+    per_prompt = resolved_replay_key(replay, "prompt_replay")  # null: the preset's 16
+    max_age = replay.get("prompt_replay_max_age")
+    if not replay.get("enable", False) or per_prompt is None:
         return None
     try:
         per_prompt, max_age = int(per_prompt), None if max_age is None else int(max_age)
