@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Qwen3-1.7B on MATH, FSDP2 trainer on 1 GPU, vLLM rollout on 1 GPU (one-step-off), seed configuration `_pmis_sg`:
-# D-ARL: replay over the K = 4 most recent behavior versions, variance-guided selection, pmis weights with stop-gradient, warmup 5, C = 2.
+# D-ARL, the preset (docs/algorithm.md): replay over the K = 4 most recent behavior versions, fresh groups first plus
+# least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, per-prompt replay in the
+# place of groups without advantage, warmup 5, C = 2.
 # Environment variables (model, data, GPUs, logger, checkpoints): see shells/common.sh.
 # Extra arguments are Hydra overrides, e.g. `bash one_step_off_grpo_1.7b_math_fsdp2_1_1_replay_4_pmis_sg.sh trainer.total_training_steps=200`.
 set -euo pipefail

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Qwen3-4B on MATH, FSDP2 trainer on 2 GPU, vLLM rollout on 2 GPU (one-step-off), seed configuration `_pmis_sg`:
-# D-ARL: replay over the K = 4 most recent behavior versions, variance-guided selection, pmis weights with stop-gradient, warmup 5, C = 2.
+# D-ARL, the preset (docs/algorithm.md): replay over the K = 4 most recent behavior versions, fresh groups first plus
+# least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, per-prompt replay in the
+# place of groups without advantage, warmup 5, C = 2.
 # Environment variables (model, data, GPUs, logger, checkpoints): see shells/common.sh.
 # Extra arguments are Hydra overrides, e.g. `bash one_step_off_grpo_4b_math_fsdp2_2_2_replay_4_pmis_sg.sh trainer.total_training_steps=200`.
 set -euo pipefail
