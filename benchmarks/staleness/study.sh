@@ -76,6 +76,7 @@ stress_shipped --report-only
 # the benign regime from the shipped weights (lr 5e-5, s = 4): per-prompt replay should change nothing (no prompt comes back)
 benign_shipped() { "$PY" -m benchmarks.staleness.run_study --out "$OUT/benign_shipped" --lr 5e-5 "${common[@]}" "$@"; }
 benign_shipped --staleness 4 --methods decoupled darl darl_prompt gates_only naive darl_e2
+benign_shipped --staleness 4 --methods darl_prompt_zero     # the preset since the ninth session
 benign_shipped --report-only
 if [ -n "${SCARCE_ONLY:-}" ]; then exit 0; fi
 # The second design's study below ran with the preset of the time, the two-sided trust region (today's `darl_v2`,
