@@ -3,7 +3,7 @@
 #   ROLLOUT=hf make demo: the project's transformers rollout instead (lighter: docs/cpu.md, "hf or vLLM").
 # make bench: the core's speed and memory benchmark (docs/performance.md).
 # make evidence: the studies of docs/evidence.md into runs/study (from the runs' own times, with 2 jobs: scarce regime about 4.1 h in the harness and about
-#   2.7 h through verl's two trainers, NO_PIPELINE=1 skips that part; the stress and benign reruns from the shipped
+#   3.0 h through verl's two trainers, NO_PIPELINE=1 skips that part; the stress and benign reruns from the shipped
 #   weights about 1 h; then the two older regimes about 80 min, with 2 jobs; SCARCE_ONLY=1 stops before the older ones).
 
 PYTHON ?= python3

@@ -65,6 +65,8 @@ if [ "$SEEDS" = "0 1 2" ]; then
     SEEDS="3 4 5" TRAINERS=fully_async CONFIGS="decoupled pmis_sg" pipeline
     SEEDS="3 4 5" TRAINERS=fully_async CONFIGS="pmis_sg_e2" pipeline      # seventh session
     SEEDS="3 4" TRAINERS=one_step_off CONFIGS="decoupled pmis_sg" pipeline
+    SEEDS="3 4" TRAINERS=one_step_off CONFIGS="pmis_sg_prompt_zero" pipeline          # the preset since the ninth session
+    SEEDS="3 4 5" TRAINERS=fully_async CONFIGS="pmis_sg_prompt_zero" pipeline
 fi
 # the stress regime again, from the shipped weights (lr 2e-4, s = 8): does the one-sided trust region still hold it?
 stress_shipped() { "$PY" -m benchmarks.staleness.run_study --out "$OUT/stress_shipped" --lr 2e-4 "${common[@]}" "$@"; }
