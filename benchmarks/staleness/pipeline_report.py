@@ -37,14 +37,14 @@ KEEP = (VAL_KEY, STEP_TIME, "timing_s/gen", "critic/score/mean", "response_lengt
 PER_SOURCE = re.compile(r"/s\d+$")  # replay/*/sV: one key per behavior version, left out of the archive
 ORDER = ("sync", "async", "decoupled", "equal_update", "gates_only", "pmis_sg", "pmis_sg_e2", "pmis_sg_success", "success_only",
          "pmis_sg_prompt", "pmis_sg_prompt_shared", "prompt_only")
-NAMES = {"async": "naive (PPO against mu)", "sync": "sync (decoupled, staleness 0)", "pmis_sg": "the preset",
+NAMES = {"async": "naive (PPO against mu)", "sync": "sync (decoupled, staleness 0)", "pmis_sg": "the group-replay preset (sessions 1-8)",
          "gates_only": "preset's controls, no replay", "equal_update": "decoupled, two passes",
-         "pmis_sg_e2": "the preset, two passes",
+         "pmis_sg_e2": "the group-replay preset, two passes",
          "decoupled": "decoupled PPO", "pmis_sg_success": "preset + success replay",
          "success_only": "decoupled + success replay", "pmis_sg_prompt": "preset + per-prompt replay (RePO)",
          "pmis_sg_prompt_shared": "preset + per-prompt replay, shared budget",
          "pmis_sg_prompt_mixed": "preset + per-prompt replay, mixed normalisation",
-         "pmis_sg_prompt_zero": "preset + per-prompt replay for groups without advantage",
+         "pmis_sg_prompt_zero": "the preset (ninth session on): + per-prompt replay for groups without advantage",
          "prompt_only": "decoupled + per-prompt replay"}
 
 
