@@ -117,11 +117,13 @@ class ReplayConfig:
             out.append(f"replay.order must be null, 'chi2', 'newest', 'least_reused' or 'variance', got {self.order!r}")
         if self.success is not False and (not _is_int(self.success) or self.success < 1):
             out.append(f"replay.success must be false or an integer >= 1 (successes kept per prompt), got {self.success!r}")
-        for key, store, hint in (("success_max_age", "success", 1), ("prompt_replay_max_age", "prompt_replay", 16)):
+        prompt_store_on = self.resolved("prompt_replay") is not None  # null follows pmis
+        for key, store, hint, on in (("success_max_age", "success", 1, self.success is not False),
+                                     ("prompt_replay_max_age", "prompt_replay", 16, prompt_store_on)):
             age = getattr(self, key)
             if age is not None and (not _is_int(age) or age < 1):
                 out.append(f"replay.{key} must be null or an integer >= 1, got {age!r}")
-            elif age is not None and not self._store_on(store):
+            elif age is not None and not on:
                 out.append(f"replay.{key} is set but replay.{store} is off: set replay.{store}={hint} to use it")
         if (self.prompt_replay is not None and self.prompt_replay is not False
                 and (not _is_int(self.prompt_replay) or self.prompt_replay < 2)):
@@ -146,7 +148,7 @@ class ReplayConfig:
             out.append(f"replay.prompt_replay_when must be null, 'always' or 'zero_adv', got {self.prompt_replay_when!r}")
         for key, unset in (("prompt_replay_budget", ("extra",)), ("prompt_replay_norm", ("split",)),
                            ("prompt_replay_when", (None, "always"))):
-            if getattr(self, key) not in unset and not self._store_on("prompt_replay"):
+            if getattr(self, key) not in unset and not prompt_store_on:
                 out.append(f"replay.{key}={getattr(self, key)} but per-prompt replay is off (replay.prompt_replay "
                            "false, or null with replay.pmis=false): set replay.prompt_replay (responses kept per "
                            "prompt) to use it")
@@ -189,12 +191,6 @@ class ReplayConfig:
         if value is None:
             value = (PRESET if self.pmis else UNIFORM)[name]
         return None if value is False else value
-
-    def _store_on(self, store: str) -> bool:
-        """Whether the success store (`success`) or the per-prompt store (`prompt_replay`) is on."""
-        if store == "prompt_replay":
-            return self.resolved("prompt_replay") is not None
-        return getattr(self, store) is not False
 
     def behavior_clip_range(self) -> Optional[tuple[float, float]]:
         """(eps for A < 0, eps for A > 0) of the trust region around the behavior policy, inf where a side

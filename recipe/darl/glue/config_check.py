@@ -232,7 +232,7 @@ def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
             problems.append(f"the selection must take a multiple of {multiple} groups (mini-batch {mini}, n {n}, dp {dp}) "
                             f"but the step's budget of {budget} groups is smaller")
         per_prompt = resolved_replay_key(replay_values, "prompt_replay")
-        if per_prompt is not None and _number(per_prompt) and int(per_prompt) < n:
+        if per_prompt is not None and per_prompt < n:  # resolved from a valid config: an int >= 2
             problems.append(f"replay.prompt_replay={per_prompt} (responses kept per prompt; null follows the preset's "
                             f"16) is below actor_rollout_ref.rollout.n={n}: no history group could ever form; set "
                             "replay.prompt_replay >= n, or false")
