@@ -8,7 +8,7 @@ one verl-shaped mini-batch: `--prompts` x `--n` samples, prompts left-padded to 
 right-padded to `--response-length` (lengths uniform in [1/4, 1] of each), samples spread over `--k` behavior
 versions. The same mini-batch is trained alternately with
 
-- `decoupled`: verl's `ppo_loss` with rollout-IS weights min(pi_old / mu, 2) (the `_decoupled` seed config)
+- `decoupled`: verl's `ppo_loss` with rollout-IS weights min(pi_old / mu, 2) (the `_decoupled` launch scripts)
 - `darl`: `darl_loss` with the four D-ARL tensors (`pmis` denominators, `ess` source weights, clip decay)
 
 and the median wall time of `train_mini_batch` (forward, backward, optimizer step) and the peak device memory
@@ -40,7 +40,7 @@ SHAPES = {
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, vocab_size=151936),
 }
-THRESHOLD = 2.0  # rollout_is_threshold, as the seed scripts set it
+THRESHOLD = 2.0  # rollout_is_threshold, as the launch scripts set it
 
 
 def build_model(kind: str, out: Path) -> str:

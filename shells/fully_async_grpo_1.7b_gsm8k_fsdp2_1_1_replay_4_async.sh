@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Qwen3-1.7B on GSM8K through verl's fully-async pipeline, FSDP2 trainer on 1 GPU, vLLM rollouter on 1 GPU,
-# seed configuration `_async`: verl's fully-async trainer as shipped: no replay, PPO-clip against the rollout log-probs (bypass mode).
+# configuration `_async`: verl's fully-async trainer as shipped: no replay, PPO-clip against the rollout log-probs (bypass mode).
 # Environment variables: shells/common.sh (REQUIRE_BATCHES, SYNC_STEPS, STALENESS_THRESHOLD among them).
 # Never run on a GPU by this project yet (docs/gpu.md).
 set -euo pipefail

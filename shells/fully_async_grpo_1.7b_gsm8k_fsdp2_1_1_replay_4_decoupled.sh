@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Qwen3-1.7B on GSM8K through verl's fully-async pipeline, FSDP2 trainer on 1 GPU, vLLM rollouter on 1 GPU,
-# seed configuration `_decoupled`: decoupled PPO: old log-probs recomputed by the trainer (under the last sync's parameters),
+# configuration `_decoupled`: decoupled PPO: old log-probs recomputed by the trainer (under the last sync's parameters),
 # token-level truncated IS, C = 2; no replay.
 # Environment variables: shells/common.sh (REQUIRE_BATCHES, SYNC_STEPS, STALENESS_THRESHOLD among them).
 # Never run on a GPU by this project yet (docs/gpu.md).

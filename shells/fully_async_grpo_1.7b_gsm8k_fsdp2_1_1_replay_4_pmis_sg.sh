@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Qwen3-1.7B on GSM8K through verl's fully-async pipeline, FSDP2 trainer on 1 GPU, vLLM rollouter on 1 GPU,
-# seed configuration `_pmis_sg`: D-ARL, the preset (docs/algorithm.md): replay over K = 4 parameter versions, fresh groups first
+# configuration `_pmis_sg`: D-ARL, the preset (docs/algorithm.md): replay over K = 4 parameter versions, fresh groups first
 # plus least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2;
 # per-prompt replay in the place of groups without advantage (replay.prompt_replay=false turns it off).
 # Environment variables: shells/common.sh (REQUIRE_BATCHES, SYNC_STEPS, STALENESS_THRESHOLD among them).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Qwen3-1.7B on GSM8K, FSDP2 trainer on 1 GPU, vLLM rollout on 1 GPU (one-step-off): the `_pmis_sg` preset plus DARTS
-# rollout shaping (docs/darts.md): adaptive redundancy (r_i in [n, 2n], 1.25 n on average), each group's tail aborted
+# Qwen3-1.7B on GSM8K, FSDP2 trainer on 1 GPU, vLLM rollout on 1 GPU (one-step-off): the preset (as in the `_pmis_sg`
+# script) plus DARTS (docs/darts.md): adaptive redundancy (r_i in [n, 2n], 1.25 n on average), each group's tail aborted
 # once n responses finished (L = 0). Environment variables: shells/common.sh. Never run on a GPU by this project yet.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

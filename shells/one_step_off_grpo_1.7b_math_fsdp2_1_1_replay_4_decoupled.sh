@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Qwen3-1.7B on MATH, FSDP2 trainer on 1 GPU, vLLM rollout on 1 GPU (one-step-off), seed configuration `_decoupled`:
+# Qwen3-1.7B on MATH, FSDP2 trainer on 1 GPU, vLLM rollout on 1 GPU (one-step-off), configuration `_decoupled`:
 # AReaL-style decoupled PPO: old log-probs recomputed by the current weights, token-level truncated IS (C = 2).
 # Environment variables (model, data, GPUs, logger, checkpoints): see shells/common.sh.
 # Extra arguments are Hydra overrides, e.g. `bash one_step_off_grpo_1.7b_math_fsdp2_1_1_replay_4_decoupled.sh trainer.total_training_steps=200`.

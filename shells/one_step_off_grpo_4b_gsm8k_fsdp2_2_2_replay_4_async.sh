@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Qwen3-4B on GSM8K, FSDP2 trainer on 2 GPU, vLLM rollout on 2 GPU (one-step-off), seed configuration `_async`:
+# Qwen3-4B on GSM8K, FSDP2 trainer on 2 GPU, vLLM rollout on 2 GPU (one-step-off), configuration `_async`:
 # verl's one-step-off trainer as shipped: no replay, PPO-clip against the rollout log-probs (bypass mode).
 # Environment variables (model, data, GPUs, logger, checkpoints): see shells/common.sh.
 # Extra arguments are Hydra overrides, e.g. `bash one_step_off_grpo_4b_gsm8k_fsdp2_2_2_replay_4_async.sh trainer.total_training_steps=200`.

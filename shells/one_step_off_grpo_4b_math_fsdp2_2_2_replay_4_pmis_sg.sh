@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Qwen3-4B on MATH, FSDP2 trainer on 2 GPU, vLLM rollout on 2 GPU (one-step-off), seed configuration `_pmis_sg`:
+# Qwen3-4B on MATH, FSDP2 trainer on 2 GPU, vLLM rollout on 2 GPU (one-step-off), configuration `_pmis_sg`:
 # D-ARL, the preset (docs/algorithm.md): replay over the K = 4 most recent behavior versions, fresh groups first plus
 # least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, per-prompt replay in the
 # place of groups without advantage, warmup 5, C = 2.

@@ -6,7 +6,7 @@ import json
 def last_json_object(stdout: str) -> dict | None:
     """The last JSON object on its own line of `stdout` (`{}` included), text before or after it on that line
     ignored: print() writes a line's text and its newline in two calls, and Ray's log thread in the same process can
-    write a worker's log line between them (seen once: the JSON, then a vLLM log line on the same line)."""
+    write a worker's log line between them (the JSON, then a vLLM log line, on one line)."""
     decoder = json.JSONDecoder()
     for line in reversed(stdout.splitlines()):
         start = line.find("{")

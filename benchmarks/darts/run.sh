@@ -21,18 +21,18 @@ esac
 for seed in $SEEDS; do
     for cfg in $CONFIGS; do
         case "$cfg" in
-            base) shaping=(rollout_shaping.responses=8) ;;
-            fixed0) shaping=(rollout_shaping.responses=10 rollout_shaping.keep_last=0) ;;
-            fixed1) shaping=(rollout_shaping.responses=10 rollout_shaping.keep_last=1) ;;
-            adapt0) shaping=(rollout_shaping.adaptive=true rollout_shaping.keep_last=0) ;;
-            adapt1) shaping=(rollout_shaping.adaptive=true rollout_shaping.keep_last=1) ;;
+            base) darts=(rollout_shaping.responses=8) ;;
+            fixed0) darts=(rollout_shaping.responses=10 rollout_shaping.keep_last=0) ;;
+            fixed1) darts=(rollout_shaping.responses=10 rollout_shaping.keep_last=1) ;;
+            adapt0) darts=(rollout_shaping.adaptive=true rollout_shaping.keep_last=0) ;;
+            adapt1) darts=(rollout_shaping.adaptive=true rollout_shaping.keep_last=1) ;;
             *) echo "unknown config '$cfg'" >&2; exit 1 ;;
         esac
         run="$OUT/preset_$PRESET/seed$seed/$cfg"
         [ -s "$run/metrics.jsonl" ] && grep -q '"step":'"${STEPS:-15}"',' "$run/metrics.jsonl" && continue
         mkdir -p "$run"
         OUT_DIR="$run" STEPS="${STEPS:-15}" TEST_FREQ="${STEPS:-15}" SAVE_FREQ=1000 RESUME_MODE=disable N_RESPONSES=8 \
-            bash "$ROOT/shells/cpu/$script" rollout_shaping.enable=true "${shaping[@]}" \
+            bash "$ROOT/shells/cpu/$script" rollout_shaping.enable=true "${darts[@]}" \
             actor_rollout_ref.rollout.seed=$((42 + seed)) data.seed=$seed > "$run.log" 2>&1 \
             || { echo "$cfg seed $seed failed: $run.log"; exit 1; }
         echo "$cfg seed $seed (preset $PRESET) done: $run/metrics.jsonl"

@@ -1,4 +1,4 @@
-"""Controlled-staleness testbed for D-ARL (issue 6): GRPO on the built-in arithmetic task in one process.
+"""Controlled-staleness testbed for D-ARL: GRPO on the built-in arithmetic task in one process.
 
 Rollouts of step t are sampled from the policy weights of version max(0, t - s) (the weights after
 t - s updates), kept as state-dict snapshots, so the behavior/policy mismatch is real and its size
@@ -19,15 +19,15 @@ Methods (all with the same number of generated samples per step, so the same tot
 - ``naive``: verl one-step-off as shipped. PPO-clip against the rollout log-probs: pi_old := mu,
   rho = 1 (batch_weights with old = rollout, `own`, `tokens`), no recompute, no correction.
 - ``decoupled``: AReaL-style. pi_old recomputed with the current weights, token-level truncated IS
-  with C = `threshold` (batch_weights with `own` + `tokens`), no replay (DESIGN R1).
-- ``darl``: replay buffer over K versions, variance-guided selection, pmis weights, ess source
-  weights, stop-grad; every part switchable for ablations (`pmis`, `selection`, `behavior_weight`,
-  `source_weight`, `k`, `filter_zero_adv`, `warmup`, `max_score`, `max_reuse`, `clip_decay`, `stop_grad`).
+  with C = `threshold` (batch_weights with `own` + `tokens`), no replay (reduction R1 of docs/algorithm.md).
+- ``darl``: the replay buffer over K versions with every `replay.*` key of the trainers (`k`, `pmis`, `order`,
+  `ratio`, `m2_budget`, `behavior_clip`, `prompt_replay`, ...). Per-prompt replay is off here unless a
+  configuration sets it; run_study's `darl` sets it as the preset does.
 
-Choices the issue leaves open (write them down in docs/evidence.md):
+Choices of the testbed (docs/evidence.md, "The testbed"):
 
-- One optimizer update per step over `minibatches` mini-batches (default 1, as in VERL_NOTES'
-  GRPO run); with a single mini-batch PPO's ratio is 1 for `decoupled`/`darl`, so their clipping
+- One optimizer update per step over `minibatches` mini-batches (default 1, as in verl's GRPO example);
+  with a single mini-batch PPO's ratio is 1 for `decoupled`/`darl`, so their clipping
   only fires with `minibatches > 1`, exactly as in verl.
 - The first s steps sample from version 0 (staleness grows from 0 to s).
 - Rollout log-probs are computed by a teacher-forced forward of the sampling weights (the engine's

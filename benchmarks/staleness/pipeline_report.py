@@ -12,7 +12,7 @@ A source is a run folder (TRAINER/seedS/CONFIG/metrics.jsonl, verl's file logger
 the same trainer, config and seed): one line per run, {"trainer", "config", "seed", "records": [verl's
 logged steps, trimmed to the keys in KEEP]}. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
 per trainer, greedy validation accuracy per seed, mean ± std, the paired difference to decoupled PPO and to
-`gates_only` (mean ± standard error over seeds), generated samples to reach the same seed's decoupled final
+`gates_only` (mean and 95% interval over paired seeds), generated samples to reach the same seed's decoupled final
 accuracy, and the median step time over the second half of the run against decoupled's.
 """
 
@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.staleness.paired import paired
 from benchmarks.staleness.run_study import _curve, _mean_std, collapse_events, samples_to_reach
 from recipe.darl.demo import VAL_KEY
 
@@ -35,17 +36,11 @@ STEP_TIME = "timing_s/step"
 KEEP = (VAL_KEY, STEP_TIME, "timing_s/gen", "critic/score/mean", "response_length/mean", "actor/pg_clipfrac",
         "actor/grad_norm", "replay/", "fully_async/", "training/")
 PER_SOURCE = re.compile(r"/s\d+$")  # replay/*/sV: one key per behavior version, left out of the archive
-ORDER = ("sync", "async", "decoupled", "equal_update", "gates_only", "pmis_sg", "pmis_sg_e2", "pmis_sg_success", "success_only",
-         "pmis_sg_prompt", "pmis_sg_prompt_shared", "prompt_only")
-NAMES = {"async": "naive (PPO against mu)", "sync": "sync (decoupled, staleness 0)", "pmis_sg": "the group-replay preset (sessions 1-8)",
-         "gates_only": "preset's controls, no replay", "equal_update": "decoupled, two passes",
-         "pmis_sg_e2": "the group-replay preset, two passes",
-         "decoupled": "decoupled PPO", "pmis_sg_success": "preset + success replay",
-         "success_only": "decoupled + success replay", "pmis_sg_prompt": "preset + per-prompt replay (RePO)",
-         "pmis_sg_prompt_shared": "preset + per-prompt replay, shared budget",
-         "pmis_sg_prompt_mixed": "preset + per-prompt replay, mixed normalisation",
-         "pmis_sg_prompt_zero": "the preset (ninth session on): + per-prompt replay for groups without advantage",
-         "prompt_only": "decoupled + per-prompt replay"}
+ORDER = ("sync", "async", "decoupled", "equal_update", "gates_only", "pmis_sg_no_prompt", "pmis_sg")
+NAMES = {"async": "naive async (PPO against mu)", "sync": "sync (decoupled, staleness 0)", "decoupled": "decoupled PPO",
+         "equal_update": "decoupled, two passes", "gates_only": "the preset's controls, no replay",
+         "pmis_sg_no_prompt": "the group-replay preset", "pmis_sg": "the preset"}
+# archived configurations of earlier designs (benchmarks/staleness/names.py) are reported under their own names
 
 
 def _trim(record: dict[str, Any]) -> dict[str, Any]:
@@ -98,15 +93,13 @@ def as_result(run: dict[str, Any], samples_per_step: int) -> dict[str, Any]:
 
 
 def _paired(a: dict[int, float], b: dict[int, float]) -> str:
-    """Mean ± standard error over the seeds both have of a - b, and the per-seed differences."""
+    """a - b over the seeds both have, in points: mean [95% interval], and the per-seed differences."""
+    diff = paired(a, b)
+    if diff.n < 2:
+        return diff.points()
     seeds = sorted(set(a) & set(b))
-    if not seeds:
-        return "-"
-    diffs = [a[s] - b[s] for s in seeds]
-    if len(diffs) == 1:  # no spread to quote
-        return f"{100 * diffs[0]:+.1f} (1 seed)"
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return f"{100 * statistics.mean(diffs):+.1f} ± {100 * se:.1f} ({', '.join(f'{100 * d:+.1f}' for d in diffs)})"
+    return (f"{100 * diff.mean:+.1f} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}] "
+            f"({', '.join(f'{100 * (a[s] - b[s]):+.1f}' for s in seeds)})")
 
 
 def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128) -> str:
@@ -132,7 +125,7 @@ def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128) -
         base_time = statistics.median(r["step_time"] for r in base.values()) if base else float("nan")
         lines += [f"## {trainer}", "",
                   "| config | what | final per seed | final, mean ± std | best, mean | lowest after start | "
-                  "minus decoupled, points (paired, ± s.e.) | minus gates_only | samples to decoupled's final "
+                  "minus decoupled, points (paired, [95% interval]) | minus gates_only | samples to decoupled's final "
                   "(per seed) | step time (s, median) / decoupled's |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for c in configs:

@@ -1,17 +1,17 @@
-"""The controlled-staleness study (issue 6): methods x staleness x seeds, curves, plots and tables.
+"""The controlled-staleness study: methods x staleness x seeds, curves, plots and tables.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.staleness.run_study --out runs/staleness \\
-        --staleness 1 2 4 8 --methods naive decoupled darl --seeds 0 1 2 --steps 300 --eval-every 20 --val-size 500
+    OMP_NUM_THREADS=1 python -m benchmarks.staleness.run_study --out runs/scarce --task scarce --lr 1e-4 \\
+        --staleness 4 --methods decoupled darl --seeds 0 1 2 --steps 50 --eval-every 10 --val-size 500 --minibatches 2
     python -m benchmarks.staleness.run_study --quick --out runs/staleness-quick     # minutes
     python -m benchmarks.staleness.run_study --report-only --out runs/staleness     # plots and tables again
 
 Each run appends one JSON line to OUT/results.jsonl (its config, evaluation curve, per-step metrics);
 runs already in the file are skipped, so an interrupted study resumes. `--jobs J` runs J processes
 side by side, one thread each. The report writes OUT/accuracy_vs_samples_s{S}.png, OUT/accuracy_vs_wall_s{S}.png
-and OUT/summary.md (mean +- std over seeds of final and best accuracy, samples to reach the naive
-run's final accuracy, step time, grad norm, clipped fraction, chi2, ESS, collapse events).
+and OUT/summary.md (mean +- std over seeds of final and best accuracy, samples to reach the same seed's decoupled
+final accuracy, step time, grad norm, clipped fraction, chi2, ESS, collapse events).
 
-Methods are names from METHODS below: the three seed configurations and the ablations.
+Methods are the names of METHODS below: the preset (`darl`), the group-replay preset and the baselines.
 """
 
 from __future__ import annotations
@@ -28,90 +28,25 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# name -> HarnessConfig overrides ("staleness" pins a method's staleness whatever the cell's)
-V1 = {"order": "chi2", "ratio": False, "m2_budget": False, "behavior_clip": False, "max_reuse": False}
+# name -> HarnessConfig overrides ("staleness" pins a method's staleness whatever the cell's). The names are the
+# configurations docs/evidence.md reports; archived runs of earlier designs carry the names of names.py.
 METHODS: dict[str, dict[str, Any]] = {
     "sync": {"method": "decoupled", "staleness": 0},  # the ceiling async tries to reach
     "naive": {"method": "naive"},
     "decoupled": {"method": "decoupled"},
-    "equal_update": {"method": "decoupled", "epochs": 2},  # as many optimizer updates as replay with ratio 1
-    # the group-replay preset of sessions 1-8 (core/config.py PRESET without its per-prompt store: the harness leaves
-    # replay.prompt_replay off unless a method sets it); the preset since the ninth session is darl_prompt_zero
-    "darl": {"method": "darl"},
-    # ablations of the preset, one switch each
-    "darl_no_m2": {"method": "darl", "m2_budget": False},
-    "darl_no_bclip": {"method": "darl", "behavior_clip": False},
-    "darl_fixed": {"method": "darl", "ratio": False},  # fixed budget: replay may displace fresh groups
-    "darl_newest": {"method": "darl", "order": "newest"},
-    "darl_no_reuse_cap": {"method": "darl", "max_reuse": False},
-    "darl_k1": {"method": "darl", "k": 1},  # no replay: the gates and the trust region on fresh groups
-    "darl_ratio1": {"method": "darl", "ratio": 1.0},
-    "gates_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False},  # decoupled + m2 gate + behavior clip
-    "bclip_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "m2_budget": False},
-    "m2_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False},
-    # replay designs from the literature (issue 15, docs/evidence.md): success replay (AR3PO, RLEP), prioritized
-    # replay of informative groups (rollout-level PER), and success replay alone on the controls
-    "darl_success": {"method": "darl", "success": 1},
-    "darl_variance": {"method": "darl", "order": "variance"},
-    "darl_success_variance": {"method": "darl", "success": 1, "order": "variance"},
-    "gates_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "success": 1},
-    "darl_success_no_bclip": {"method": "darl", "success": 1, "behavior_clip": False},
-    # success replay alone on decoupled PPO (no group replay, no trust region), with and without the m2 gate
-    "success_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False,
-                     "m2_budget": False, "success": 1},
-    "m2_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False,
-                   "success": 1},
-    # per-prompt replay (RePO, arXiv 2506.09340: 2n responses kept per prompt, the n best replayed as their own group)
-    # on the preset, and on decoupled PPO alone (no group replay, no m2 gate, no trust region)
-    "darl_prompt": {"method": "darl", "prompt_replay": 16},
-    # the same with half the group-replay budget (replay.ratio 0.25); measured: the step does not shrink (mini-batch rounding)
-    "darl_prompt_r025": {"method": "darl", "prompt_replay": 16, "ratio": 0.25},
-    # history groups take the group-replay budget first instead of adding to the step (the preset's step size)
-    "darl_prompt_shared": {"method": "darl", "prompt_replay": 16, "prompt_replay_budget": "shared"},
-    # advantages over the fresh group and its history group together (RePO's adv_norm_mode=mixed): an all-wrong
-    # fresh group beside a history group with a success is trained too, its responses pushed down
-    "darl_prompt_mixed": {"method": "darl", "prompt_replay": 16, "prompt_replay_norm": "mixed"},
-    # history groups only for fresh groups with no advantage of their own, in their place: about the preset's step.
-    # The preset since the ninth session (what replay.enable=true resolves to in the trainers; tests/staleness)
-    "darl_prompt_zero": {"method": "darl", "prompt_replay": 16, "prompt_replay_when": "zero_adv"},
-    # the per-prompt store with an age cap (its memory bound): a response is dropped 8 steps after it was stored, so a
-    # prompt of the scarce pool (back every 8 steps) finds only its last visit's responses
-    "darl_prompt_age8": {"method": "darl", "prompt_replay": 16, "prompt_replay_max_age": 8},
-    "darl_prompt_age16": {"method": "darl", "prompt_replay": 16, "prompt_replay_max_age": 16},
-    # the preset with per-prompt replay's step size but no history: every fresh group plus up to B replayed ones
-    "darl_r1": {"method": "darl", "ratio": 1.0},
-    # the preset with two passes over each step's batch (verl's ppo_epochs=2): equal_update's extra updates on the preset
-    "darl_e2": {"method": "darl", "epochs": 2},
-    "prompt_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip": False,
-                    "m2_budget": False, "prompt_replay": 16},
-    # the second design as it shipped before (the trust region bounded on both sides), for the studies that ran it
-    "darl_v2": {"method": "darl", "behavior_clip_high": 0.2},
-    "gates_v2": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip_high": 0.2},
-    "darl_v2_success": {"method": "darl", "behavior_clip_high": 0.2, "success": 1},
-    "gates_v2_success": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "behavior_clip_high": 0.2,
-                         "success": 1},
-    "bclip_v2_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "m2_budget": False,
-                      "behavior_clip_high": 0.2},
-    "darl_high1": {"method": "darl", "behavior_clip_high": 1.0},  # A > 0 bounded at q <= 2 mu
-    # the first design (DESIGN.md section 3) and its ablations, as studied in docs/evidence.md's dated section
-    "darl_v1": {"method": "darl", **V1},
-    "replay_uniform": {"method": "darl", "pmis": False},  # newest first, own weights, token mean
-    "pmis_no_selection": {"method": "darl", **V1, "order": "newest"},  # pmis + ess weights, newest first
-    "selection_no_pmis": {"method": "darl", **V1, "behavior_weight": "own", "source_weight": "tokens"},
-    "darl_v1_k2": {"method": "darl", **V1, "k": 2},
-    "darl_v1_k8": {"method": "darl", **V1, "k": 8},
-    "darl_v1_keep_zero_adv": {"method": "darl", **V1, "filter_zero_adv": False},
-    "darl_v1_k1": {"method": "darl", **V1, "k": 1},
-    "darl_v1_max_reuse1": {"method": "darl", **V1, "max_reuse": 1},
+    "equal_update": {"method": "decoupled", "epochs": 2},  # two passes: as many optimizer updates as the preset's replay
+    # the preset, as `replay.enable=true` resolves it in the trainers (tests/staleness checks the two agree)
+    "darl": {"method": "darl", "prompt_replay": 16, "prompt_replay_when": "zero_adv"},
+    # the group-replay preset: the preset without per-prompt replay (replay.prompt_replay=false)
+    "darl_no_prompt": {"method": "darl", "prompt_replay": False},
+    # the preset's controls without replay: decoupled PPO + m2 gate + behavior trust region (replay.k=1)
+    "gates_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "prompt_replay": False},
 }
-# names the first study's results carry (docs/evidence/v1): its `darl` was today's `darl_v1`
-V1_NAMES = {"darl": "darl_v1", "darl_k2": "darl_v1_k2", "darl_k8": "darl_v1_k8", "darl_k1": "darl_v1_k1",
-            "darl_keep_zero_adv": "darl_v1_keep_zero_adv", "darl_max_reuse1": "darl_v1_max_reuse1"}
 
 
 def cell_staleness(method: str, staleness: int) -> int:
     """The staleness a method runs at in a cell of staleness `staleness` (sync always runs at 0)."""
-    return METHODS[method].get("staleness", staleness)
+    return METHODS.get(method, {}).get("staleness", staleness)
 
 
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
@@ -142,11 +77,7 @@ def load_results(path: Path) -> list[dict[str, Any]]:
         text = gzip.decompress(packed.read_bytes()).decode()
     else:
         return []
-    runs = [json.loads(line) for line in text.splitlines() if line.strip()]
-    for r in runs:
-        if "order" not in r["config"]:  # a run of the first study, made before the second design's keys
-            r["method_name"] = V1_NAMES.get(r["method_name"], r["method_name"])
-    return runs
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 # ---- report ---------------------------------------------------------------------------------
@@ -195,7 +126,9 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
     for r in results:
         by_cell.setdefault((r["staleness"], r["method_name"]), []).append(r)
     stalenesses = sorted({s for s, _ in by_cell})
+    # the study's names first, then the archived names of earlier designs (names.py)
     methods = [m for m in METHODS if any(m == k for _, k in by_cell)]
+    methods += sorted({k for _, k in by_cell} - set(methods))
     accuracy = ["| s | method | seeds | start acc | final acc | best acc | samples to decoupled's final | step s |",
                 "|---|---|---|---|---|---|---|---|"]
     stability = ["| s | method | grad norm | clip frac | chi2 trained | ESS frac | trained staleness | reuse | pmis mixed | collapses |",
@@ -233,9 +166,7 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
     return table
 
 
-MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl", "darl_success", "success_only",
-                "darl_prompt", "darl_prompt_r025", "darl_prompt_shared", "darl_r1", "darl_e2", "prompt_only",
-                "darl_v2")
+MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl_no_prompt", "darl")
 
 
 def _curve(runs: list[dict[str, Any]], axis: str):
@@ -302,8 +233,8 @@ def _plots(by_cell, stalenesses, methods, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / f"ablations_s{s}.png", dpi=110)
         plt.close(fig)
-        keys = [("trained_staleness", "staleness of trained groups"), ("chi2_trained", "chi2 of trained batch"),
-                ("trained_reuse", "earlier updates on trained groups"), ("grad_norm", "grad norm")]
+        keys = [("trained_staleness", "staleness of trained groups"), ("history_groups", "history groups trained"),
+                ("m2_gated_fraction", "m2-gated token fraction"), ("behavior_clip_fraction", "behavior-clipped fraction")]
         fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.4))
         for ax, (key, title) in zip(axes, keys):
             for m in ["decoupled"] + ablations:

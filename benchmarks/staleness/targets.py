@@ -1,11 +1,11 @@
-"""The issue-10 targets, met or missed, from one study's two regimes (docs/evidence.md).
+"""The headline table of docs/evidence.md: the preset against each baseline, paired over seeds, target met or missed.
 
-    python -m benchmarks.staleness.targets --benign runs/study/benign --stress runs/study/stress [--out FILE]
+    python -m benchmarks.staleness.targets docs/evidence/scarce [--out FILE]
 
-Stress (s = 8): the preset ends >= 5 points above the better of naive and decoupled, <= 3 points below
-sync, with no collapse (an evaluation 0.15 below an earlier best). Benign (s = 1, 4, 8): the preset ends at
-or above decoupled; at s = 4 and 8 it reaches decoupled's final accuracy with <= 0.75x its samples.
-Cost: the preset's median step time <= 1.2x decoupled's in every cell where both ran.
+For every staleness s and baseline that ran beside the preset (`darl`): the seeds both have, each method's final
+accuracy (mean ± std), the preset minus the baseline in points with its 95% interval (Student's t over the paired
+seeds) and the seeds where the preset ended above. The target is the same everywhere: the interval lies above 0
+("met"); a mean above 0 whose interval reaches below it is "within noise". Sync runs at s = 0 and pairs with every s.
 """
 
 from __future__ import annotations
@@ -15,91 +15,59 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.staleness.run_study import collapse_events, load_results, samples_to_reach, steady_step_time
+from benchmarks.staleness.paired import paired
+from benchmarks.staleness.run_study import load_results
 
 PRESET = "darl"
+BASELINES = ("decoupled", "naive", "sync", "gates_only", "equal_update", "darl_no_prompt")
 
 
-def _cells(results: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
-    cells: dict[tuple[int, str], list[dict[str, Any]]] = {}
+def finals(results: list[dict[str, Any]]) -> dict[tuple[int, str], dict[int, float]]:
+    """(staleness, method) -> {seed: final accuracy}."""
+    out: dict[tuple[int, str], dict[int, float]] = {}
     for r in results:
-        cells.setdefault((r["staleness"], r["method_name"]), []).append(r)
-    return cells
+        out.setdefault((r["staleness"], r["method_name"]), {})[r["seed"]] = r["final_accuracy"]
+    return out
 
 
-def _final(runs: list[dict[str, Any]]) -> float:
-    return statistics.mean(r["final_accuracy"] for r in runs)
+def _mean_std(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
 
 
-def _fmt(x: float) -> str:
-    return f"{x:+.3f}"
-
-
-def targets(benign: list[dict[str, Any]], stress: list[dict[str, Any]]) -> list[tuple[str, str, str, bool]]:
-    """(target, measured, needed, met) rows."""
+def headline(results: list[dict[str, Any]], min_seeds: int = 1) -> list[dict[str, Any]]:
+    """One row per (s, baseline) with at least `min_seeds` paired seeds."""
+    cells = finals(results)
     rows = []
-    cells = _cells(stress)
-    if (8, PRESET) in cells:
-        preset = _final(cells[(8, PRESET)])
-        rivals = {m: _final(cells[(8, m)]) for m in ("naive", "decoupled") if (8, m) in cells}
-        if rivals:
-            best = max(rivals, key=rivals.get)
-            gap = preset - rivals[best]
-            rows.append(("stress s=8: preset - better of naive/decoupled", f"{_fmt(gap)} ({preset:.3f} vs {best} {rivals[best]:.3f})",
-                         ">= +0.050", gap >= 0.05))
-        if (0, "sync") in cells:
-            sync = _final(cells[(0, "sync")])
-            rows.append(("stress s=8: preset - sync", f"{_fmt(preset - sync)} ({preset:.3f} vs {sync:.3f})", ">= -0.030",
-                         preset - sync >= -0.03))
-        falls = sum(collapse_events(r["evals"]) for r in cells[(8, PRESET)])
-        rows.append(("stress s=8: preset collapses", f"{falls} in {len(cells[(8, PRESET)])} runs", "0", falls == 0))
-    cells_b = _cells(benign)
-    for s in (1, 4, 8):
-        if (s, PRESET) in cells_b and (s, "decoupled") in cells_b:
-            preset, dec = _final(cells_b[(s, PRESET)]), _final(cells_b[(s, "decoupled")])
-            rows.append((f"benign s={s}: preset - decoupled", f"{_fmt(preset - dec)} ({preset:.3f} vs {dec:.3f})", ">= 0",
-                         preset - dec >= 0))
-            if s in (4, 8):
-                ratios = []
-                dec_by_seed = {r["seed"]: r for r in cells_b[(s, "decoupled")]}
-                for r in cells_b[(s, PRESET)]:
-                    ref = dec_by_seed.get(r["seed"])
-                    if ref is None:
-                        continue
-                    got = samples_to_reach(r["evals"], ref["final_accuracy"])
-                    ratios.append(float("inf") if got is None else got / ref["samples"])
-                if ratios:
-                    mean = statistics.mean(ratios)
-                    text = ", ".join("not reached" if x == float("inf") else f"{x:.2f}" for x in ratios)
-                    rows.append((f"benign s={s}: preset's samples to decoupled's final (per seed)", text, "<= 0.75x",
-                                 mean <= 0.75))
-    for regime, cs in (("stress", cells), ("benign", cells_b)):
-        for (s, m), runs in sorted(cs.items()):
-            if m != PRESET or (s, "decoupled") not in cs:
+    for s in sorted({s for s, m in cells if m == PRESET}):
+        preset = cells[(s, PRESET)]
+        for base in BASELINES:
+            other = cells.get((0 if base == "sync" else s, base), {})
+            diff = paired(preset, other)
+            if diff.n < min_seeds:
                 continue
-            # only runs timed side by side in this study (not those copied from the first study)
-            ref = [r for r in cs[(s, "decoupled")] if "reused_from" not in r]
-            if not ref:
-                continue
-            ratio = statistics.median(steady_step_time(r) for r in runs) / statistics.median(
-                steady_step_time(r) for r in ref)
-            rows.append((f"{regime} s={s}: preset step time / decoupled's", f"{ratio:.2f}x", "<= 1.2x", ratio <= 1.2))
+            seeds = sorted(set(preset) & set(other))
+            verdict = "met" if diff.supported else ("within noise" if diff.n > 1 and diff.mean > 0 else "missed")
+            rows.append({"s": s, "baseline": base, "seeds": diff.n, "diff": diff, "verdict": verdict,
+                         "preset": _mean_std([preset[x] for x in seeds]),
+                         "other": _mean_std([other[x] for x in seeds])})
     return rows
 
 
-def table(rows: list[tuple[str, str, str, bool]]) -> str:
-    lines = ["| target | measured | needed | met |", "|---|---|---|---|"]
-    lines += [f"| {t} | {m} | {n} | {'yes' if ok else '**no**'} |" for t, m, n, ok in rows]
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| s | baseline | paired seeds | preset final | baseline final | preset minus baseline, points [95% interval], "
+             "seeds above | interval above 0 |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['s']} | {r['baseline']} | {r['seeds']} | {r['preset']} | {r['other']} | {r['diff'].points()} | "
+              f"{'yes' if r['verdict'] == 'met' else '**no**'} ({r['verdict']}) |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--benign", type=Path, required=True)
-    p.add_argument("--stress", type=Path, required=True)
+    p.add_argument("study", type=Path, help="a study folder with results.jsonl or results.jsonl.gz")
+    p.add_argument("--min-seeds", type=int, default=1)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    text = table(targets(load_results(args.benign / "results.jsonl"), load_results(args.stress / "results.jsonl")))
+    text = table(headline(load_results(args.study / "results.jsonl"), args.min_seeds))
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -1,8 +1,9 @@
 """Entry point: `python -m recipe.darl.main_darl [hydra overrides]`.
 
-The config is checked (every problem at once) before Ray starts. The seed's pasted overrides
+The config is checked (every problem at once) before Ray starts. The original scripts' overrides
 `+replay.enable=True` and `+algorithm.rollout_is=True` work although those keys exist here: a
-leading `+` on a key of `replay` or on the two seed aliases is read as Hydra's `++` (set or add).
+leading `+` on a key of `replay` or on the two `algorithm.rollout_is*` aliases is read as Hydra's `++`
+(set or add).
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from .glue.config_check import validate_or_raise
 from .glue.graceful_stop import install_stop_signal
 from .glue.preflight import preflight
 
-SEED_PLUS_KEYS = ("+replay.", "+algorithm.rollout_is=", "+algorithm.rollout_is_threshold=")
+PLUS_KEYS = ("+replay.", "+algorithm.rollout_is=", "+algorithm.rollout_is_threshold=")
 
 
-def rewrite_seed_overrides(argv: list[str]) -> list[str]:
-    """`+replay.k=4` -> `++replay.k=4`: the seed's repository had no replay section in its base config."""
-    return ["+" + a if a.startswith(SEED_PLUS_KEYS) else a for a in argv]
+def rewrite_plus_overrides(argv: list[str]) -> list[str]:
+    """`+replay.k=4` -> `++replay.k=4`: the original D-ARL repository had no replay section in its
+    base config."""
+    return ["+" + a if a.startswith(PLUS_KEYS) else a for a in argv]
 
 
 @ray.remote(num_cpus=1, max_concurrency=100)
@@ -104,5 +106,5 @@ def main(config: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = rewrite_seed_overrides(sys.argv[1:])
+    sys.argv[1:] = rewrite_plus_overrides(sys.argv[1:])
     main()

@@ -1,6 +1,6 @@
 """Entry point of the fully-async trainer: `python -m recipe.darl.main_fully_async [hydra overrides]`.
 
-The same `replay.*` keys, seed aliases and `+replay.*` spelling as `main_darl`; the config is checked
+The same `replay.*` keys, `algorithm.rollout_is*` aliases and `+replay.*` spelling as `main_darl`; the config is checked
 before Ray starts, the fully-async keys included (warnings are printed, problems raise).
 """
 
@@ -12,7 +12,7 @@ import hydra
 from omegaconf import DictConfig
 
 from .glue.config_check import fully_async_findings
-from .main_darl import prepare_config, rewrite_seed_overrides, run_or_print
+from .main_darl import prepare_config, rewrite_plus_overrides, run_or_print
 
 
 @hydra.main(config_path="config", config_name="darl_fully_async_trainer", version_base=None)
@@ -28,5 +28,5 @@ def main(config: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = rewrite_seed_overrides(sys.argv[1:])
+    sys.argv[1:] = rewrite_plus_overrides(sys.argv[1:])
     main()

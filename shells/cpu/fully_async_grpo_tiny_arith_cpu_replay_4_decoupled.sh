@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The built-in example on CPU through verl's fully-async pipeline, seed configuration `_decoupled`:
+# The built-in example on CPU through verl's fully-async pipeline, configuration `_decoupled`:
 # decoupled PPO: old log-probs recomputed by the trainer, token-level truncated IS, C = 2; no replay.
 # Variables: shells/cpu/common.sh (REQUIRE_BATCHES, SYNC_STEPS, STALENESS_THRESHOLD, PARTIAL_ROLLOUT among them).
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The built-in example on CPU through verl's fully-async pipeline, seed configuration `_pmis_sg`:
+# The built-in example on CPU through verl's fully-async pipeline, configuration `_pmis_sg`:
 # D-ARL, the preset (docs/algorithm.md): replay over K = 4 parameter versions, fresh groups first plus
 # least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2;
 # per-prompt replay in the place of groups without advantage (replay.prompt_replay=false turns it off).

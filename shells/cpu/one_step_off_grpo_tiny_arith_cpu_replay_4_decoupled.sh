@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The built-in example on CPU, seed configuration `_decoupled`: recomputed proximal policy,
+# The built-in example on CPU, configuration `_decoupled`: recomputed proximal policy,
 # token-level truncated IS (C = 2), no replay. Variables: shells/cpu/common.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The built-in example on CPU, seed configuration `_pmis_sg`: D-ARL, the preset (docs/algorithm.md): replay over K = 4 behavior
+# The built-in example on CPU, configuration `_pmis_sg`: D-ARL, the preset (docs/algorithm.md): replay over K = 4 behavior
 # versions, fresh groups first plus least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2;
 # per-prompt replay in the place of groups without advantage (replay.prompt_replay=false turns it off). Variables: shells/cpu/common.sh.
 # (warmup 2 instead of the GPU scripts' 5: the CPU run is 40 steps long)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The `_pmis_sg` preset on CPU plus DARTS rollout shaping (docs/darts.md): adaptive redundancy (r_i in [n, 2n], 1.25 n
-# on average), each group's tail aborted once n responses finished (L = 0). On the long-tail example by default
+# The preset on CPU (as in the `_pmis_sg` script) plus DARTS (docs/darts.md): adaptive redundancy (r_i in [n, 2n],
+# 1.25 n on average), each group's tail aborted once n responses finished (L = 0). On the long-tail example by default
 # (TASK=longtail: the untrained tiny model, whose response lengths have a long tail); variables: shells/cpu/common.sh.
 set -euo pipefail
 export TASK="${TASK:-longtail}"

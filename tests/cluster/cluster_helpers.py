@@ -14,8 +14,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 SHELLS = ROOT / "shells"
 VARIANTS = ("async", "decoupled", "pmis_sg")
-# DESIGN.md section 7 / docs/config.md "The three seed configurations": the only keys the three may change
-SECTION7_KEYS = {
+# the three configurations `_async`, `_decoupled`, `_pmis_sg` (docs/config.md): the only keys the three may change
+CONFIGURATION_KEYS = {
     "algorithm.rollout_correction.bypass_mode",
     "algorithm.rollout_correction.rollout_is",
     "algorithm.rollout_correction.rollout_is_threshold",
@@ -94,7 +94,7 @@ def script_path(family: str, variant: str) -> Path:
 
 
 def check_key_values(fam, trainer_gpus: int, rollout_gpus: int, dataset: str) -> None:
-    """The values every launch script must resolve to (DESIGN.md sections 6, 7; docs/config.md)."""
+    """The values every launch script must resolve to (docs/config.md)."""
     for variant, cfg in fam.configs.items():
         arr, algo, trainer = cfg["actor_rollout_ref"], cfg["algorithm"], cfg["trainer"]
         rollout, corr, replay = arr["rollout"], algo["rollout_correction"], cfg["replay"]
@@ -123,8 +123,8 @@ def check_key_values(fam, trainer_gpus: int, rollout_gpus: int, dataset: str) ->
         assert arr["model"]["path"] == str(fam.tmp / "model")
         assert cfg["data"]["train_files"] == str(fam.tmp / "data" / dataset / "train.parquet")
         assert cfg["data"]["apply_chat_template_kwargs"] == {"enable_thinking": False}
-        assert "rollout_is" not in algo and "rollout_is_threshold" not in algo  # the seed aliases were mapped
-        # the seed configurations (DESIGN.md section 7)
+        assert "rollout_is" not in algo and "rollout_is_threshold" not in algo  # the algorithm.rollout_is* aliases were mapped
+        # the three configurations
         if variant == "async":
             assert corr["bypass_mode"] is True and corr["rollout_is"] is None and replay["enable"] is False
         elif variant == "decoupled":
@@ -136,12 +136,12 @@ def check_key_values(fam, trainer_gpus: int, rollout_gpus: int, dataset: str) ->
             assert replay["stop_grad"] is True and replay["warmup"] == 5
 
 
-def check_only_section7(fam) -> None:
-    """The three resolved configs differ only in section 7's keys (and the name-derived ones)."""
+def check_only_configuration_keys(fam) -> None:
+    """The three resolved configs differ only in their configuration's keys (and the name-derived ones)."""
     c = fam.configs
     a_d = diff_keys(c["async"], c["decoupled"]) - NAME_KEYS
     d_p = diff_keys(c["decoupled"], c["pmis_sg"]) - NAME_KEYS
-    assert a_d <= SECTION7_KEYS and d_p <= SECTION7_KEYS, (a_d, d_p)
+    assert a_d <= CONFIGURATION_KEYS and d_p <= CONFIGURATION_KEYS, (a_d, d_p)
     assert a_d == {"algorithm.rollout_correction.bypass_mode", "algorithm.rollout_correction.rollout_is"}
     assert d_p == {"replay.enable"}  # k=4, pmis, stop_grad, warmup 5 are also the defaults
     # and the scripts' text: the same lines apart from their header comment and the flags

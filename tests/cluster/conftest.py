@@ -6,7 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from cluster_helpers import (VARIANTS, build_tiny_model_fallback, base_env, check_key_values, check_only_section7,
+from cluster_helpers import (VARIANTS, build_tiny_model_fallback, base_env, check_key_values, check_only_configuration_keys,
                              check_verl_validation, run_dry, script_path)
 
 
@@ -22,7 +22,7 @@ def family(request, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def checks():
-    return SimpleNamespace(key_values=check_key_values, only_section7=check_only_section7, verl_validation=check_verl_validation)
+    return SimpleNamespace(key_values=check_key_values, only_configuration_keys=check_only_configuration_keys, verl_validation=check_verl_validation)
 
 
 @pytest.fixture(scope="session")

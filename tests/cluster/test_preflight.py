@@ -1,4 +1,4 @@
-"""Before Ray starts (recipe/darl/glue/preflight.py, issue 19): the sdpa fallback when flash_attn cannot be
+"""Before Ray starts (recipe/darl/glue/preflight.py): the sdpa fallback when flash_attn cannot be
 imported, and the refusal of a wandb logger without wandb credentials; both through the launch scripts too."""
 
 import shlex

@@ -1,4 +1,4 @@
-"""Launch scripts for Qwen3-4B on MATH: the three seed configurations compose on CPU (DARL_DRY_RUN=1)."""
+"""Launch scripts for Qwen3-4B on MATH: the three configurations compose on CPU (DARL_DRY_RUN=1)."""
 
 FAMILY = "4b_math_fsdp2_2_2"
 
@@ -7,8 +7,8 @@ def test_resolved_config_key_values(family, checks):
     checks.key_values(family, trainer_gpus=2, rollout_gpus=2, dataset="math")
 
 
-def test_seed_scripts_differ_only_in_design_section7_flags(family, checks):
-    checks.only_section7(family)
+def test_launch_scripts_differ_only_in_their_configuration_flags(family, checks):
+    checks.only_configuration_keys(family)
 
 
 def test_verl_accepts_the_resolved_configs(family, checks):

@@ -10,7 +10,7 @@ PMIS_17B = SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
 
 
 def test_the_suite_is_complete():
-    """The seed's three names for Qwen3-1.7B / GSM8K, plus Qwen3-4B and MATH variants, each an executable thin wrapper."""
+    """The original scripts' three names for Qwen3-1.7B / GSM8K, plus Qwen3-4B and MATH variants, each an executable thin wrapper."""
     names = {p.name for p in SCRIPTS}
     for family in ("1.7b_gsm8k_fsdp2_1_1", "4b_gsm8k_fsdp2_2_2", "1.7b_math_fsdp2_1_1", "4b_math_fsdp2_2_2"):
         for v in VARIANTS:
@@ -42,7 +42,7 @@ def test_defaults_without_python(tmp_path):
 
 
 def test_env_and_passthrough_overrides(tmp_path):
-    """GPU counts, names and logger from the environment; extra arguments (the seed's `+replay.*` too) win."""
+    """GPU counts, names and logger from the environment; extra arguments (the original scripts' `+replay.*` too) win."""
     env = base_env(tmp_path)
     env.update(TRAINER_GPUS="4", ROLLOUT_GPUS="2", NNODES="2", ROLLOUT_NNODES="1", LOGGER='["console"]',
                EXPERIMENT_NAME="my_run", PROJECT_NAME="proj", ROLLOUT_TP="2", TRAIN_BATCH_SIZE="64", N_RESPONSES="16")

@@ -1,5 +1,5 @@
 """Fully-async launch scripts (GPU: Qwen3-1.7B GSM8K; CPU: the built-in example) compose on CPU with
-DARL_DRY_RUN=1 through recipe.darl.main_fully_async, and resolve to the three seed configurations."""
+DARL_DRY_RUN=1 through recipe.darl.main_fully_async, and resolve to the three configurations (`_async`, `_decoupled`, `_pmis_sg`)."""
 
 import subprocess
 
@@ -15,7 +15,7 @@ def _configs(scripts, env):
 
 
 @pytest.mark.parametrize("where", ["gpu", "cpu"])
-def test_fully_async_scripts_resolve_to_the_seed_configurations(where, tmp_path):
+def test_fully_async_scripts_resolve_to_the_three_configurations(where, tmp_path):
     env = base_env(tmp_path)
     if where == "gpu":
         scripts = [SHELLS / f"fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_{v}.sh" for v in VARIANTS]
@@ -30,7 +30,7 @@ def test_fully_async_scripts_resolve_to_the_seed_configurations(where, tmp_path)
         assert cfg["data"]["train_batch_size"] == 0 and cfg["data"]["gen_batch_size"] == 1
         assert cfg["actor_rollout_ref"]["hybrid_engine"] is False and cfg["actor_rollout_ref"]["actor"]["shuffle"] is False
         assert cfg["rollout"]["n"] == cfg["actor_rollout_ref"]["rollout"]["n"] == 8
-        assert "rollout_is" not in cfg["algorithm"]  # the seed aliases were mapped
+        assert "rollout_is" not in cfg["algorithm"]  # the algorithm.rollout_is* aliases were mapped
         if where == "gpu":
             assert at["trigger_parameter_sync_step"] == 2 and at["staleness_threshold"] == 1.0
             assert cfg["actor_rollout_ref"]["rollout"]["name"] == "vllm"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipe.darl.core.darts import LengthSpreadEma, ShapingConfig, allocate, dual_end_keep, normalise
+from recipe.darl.core.darts import LengthSpreadEma, DartsConfig, allocate, dual_end_keep, normalise
 
 
 def test_normalise_is_darts_min_max_with_plus_one():
@@ -43,23 +43,23 @@ def test_length_spread_ema():
 
 
 def test_config_problems_name_their_keys():
-    problems = ShapingConfig.problems_of({"enable": True, "responses": 3, "keep_last": 4, "ema_alpha": 0.0,
+    problems = DartsConfig.problems_of({"enable": True, "responses": 3, "keep_last": 4, "ema_alpha": 0.0,
                                           "typo": 1}, n=4)
     text = "\n".join(problems)
     assert "rollout_shaping.typo" in text and "rollout_shaping.responses must be null or an integer >= " in text
     assert "rollout_shaping.keep_last (L) must be an integer in [0, rollout.n=4)" in text
     assert "rollout_shaping.ema_alpha must be in (0, 1]" in text
-    bounds = ShapingConfig.problems_of({"adaptive": True, "min_responses": 6, "max_responses": 5}, n=4)
+    bounds = DartsConfig.problems_of({"adaptive": True, "min_responses": 6, "max_responses": 5}, n=4)
     assert bounds == ["rollout_shaping.min_responses=6 exceeds rollout_shaping.max_responses=5"]
-    mean = ShapingConfig.problems_of({"adaptive": True, "mean_ratio": 2.5}, n=4)
+    mean = DartsConfig.problems_of({"adaptive": True, "mean_ratio": 2.5}, n=4)
     assert mean and "outside [min_responses, max_responses] = [4, 8]" in mean[0]
-    assert ShapingConfig.problems_of({"adaptive": True, "responses": 5}, n=4)  # one of them
-    assert ShapingConfig.problems_of({"enable": True, "adaptive": True}, n=8) == []
+    assert DartsConfig.problems_of({"adaptive": True, "responses": 5}, n=4)  # one of them
+    assert DartsConfig.problems_of({"enable": True, "adaptive": True}, n=8) == []
     with pytest.raises(ValueError, match="invalid rollout_shaping config"):
-        ShapingConfig.from_dict({"keep_last": -1}, n=4)
+        DartsConfig.from_dict({"keep_last": -1}, n=4)
 
 
 def test_fixed_responses_default_from_mean_ratio():
-    assert ShapingConfig().fixed_responses(8) == 10  # the released default: r = 10 for n = 8
-    assert ShapingConfig(responses=5).fixed_responses(4) == 5
-    assert ShapingConfig().bounds(4) == (4, 8)
+    assert DartsConfig().fixed_responses(8) == 10  # the released default: r = 10 for n = 8
+    assert DartsConfig(responses=5).fixed_responses(4) == 5
+    assert DartsConfig().bounds(4) == (4, 8)

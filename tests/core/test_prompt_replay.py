@@ -297,7 +297,7 @@ def test_the_preset_resolves_per_prompt_replay_in_the_place_of_groups_without_ad
     assert (store.per_prompt, store.when, store.norm, store.max_age) == (16, "zero_adv", "split", None)
     uniform = ReplayConfig(enable=True, pmis=False)  # null follows pmis false: off
     assert uniform.resolved("prompt_replay") is None and ReplayBuffer.from_config(uniform).prompts is None
-    off = ReplayConfig(enable=True, prompt_replay=False)  # the group-replay preset of sessions 1-8
+    off = ReplayConfig(enable=True, prompt_replay=False)  # the group-replay preset
     assert off.resolved("prompt_replay") is None and ReplayBuffer.from_config(off).prompts is None
     # an explicit count with the when key unset follows pmis too: zero_adv in the preset, always without it
     assert ReplayConfig(prompt_replay=4).resolved("prompt_replay_when") == "zero_adv"

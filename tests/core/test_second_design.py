@@ -108,7 +108,7 @@ def test_preset_resolution_and_off_switches():
     assert ReplayBuffer.from_config(preset).max_reuse == 2 and ReplayBuffer.from_config(off).max_reuse is None
     assert off.behavior_clip_range() is None and uniform.behavior_clip_range() is None
     assert preset.behavior_clip_range() == (0.2, math.inf)  # the preset bounds A < 0 only
-    assert ReplayConfig(enable=True, behavior_clip_high=0.2).behavior_clip_range() == (0.2, 0.2)  # the earlier preset
+    assert ReplayConfig(enable=True, behavior_clip_high=0.2).behavior_clip_range() == (0.2, 0.2)  # the two-sided trust region
     assert ReplayConfig(enable=True, behavior_clip_high=False).behavior_clip_range() == (preset.resolved("behavior_clip"), math.inf)
     assert ReplayConfig(enable=True, behavior_clip=0.3, behavior_clip_high=1.0).behavior_clip_range() == (0.3, 1.0)
 

@@ -24,12 +24,12 @@ N = 4  # run_script's responses per prompt
 def one_step_off(tmp_path_factory):
     root = tmp_path_factory.mktemp("darts_osp")
     inputs = build_inputs(root)
-    shaping = ("rollout_shaping.enable=true", "rollout_shaping.adaptive=true", "rollout_shaping.mean_ratio=1.5")
+    darts = ("rollout_shaping.enable=true", "rollout_shaping.adaptive=true", "rollout_shaping.mean_ratio=1.5")
 
     def run(steps: int, log: str) -> subprocess.CompletedProcess:
         env = dict(STEPS=str(steps), TEST_FREQ="10", SAVE_FREQ="3", TRAIN_BATCH_SIZE="4", RESUME_MODE="auto")
         return run_script(SHELLS / "one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh", inputs, root, log, env,
-                          *shaping, timeout=600)
+                          *darts, timeout=600)
 
     first = run(3, "run1.jsonl")
     state = read_checked(root / "out" / "checkpoints" / "global_step_3" / "darts_state.pt")

@@ -1,4 +1,4 @@
-"""D-ARL's loss inside verl's real FSDP2 engine gives the gradient of DESIGN.md section 4.
+"""D-ARL's loss inside verl's real FSDP2 engine gives the gradient of its formula (docs/algorithm.md, 'Loss').
 
 A subprocess (VERL_PLATFORM=cpu) builds verl's `TrainingWorker` (FSDP2 over gloo, world size 1,
 sdpa, fp32, no torch.compile), installs `partial(darl_loss, config=<FSDPActorConfig>, threshold, stop_grad)`
@@ -9,10 +9,10 @@ remove-padding, with dynamic batch sizes, and over two data-parallel ranks (torc
 mini-batch cut as verl's Ray dispatch cuts it).
 
 On a GPU, `test_engine_gradient_on_cuda` runs the same mini-batch through the engine on CUDA (NCCL) in fp32
-and in verl's default bf16 mixed precision (skipped without one; docs/gpu.md section 9 has its figures).
+and in verl's default bf16 mixed precision (skipped without one; docs/gpu.md, 'Measured on an H100', has its figures).
 
 This process builds the batch (three behavior versions, `pmis` with rescored log-probs, `ess` source
-weights, per-source clip decay) and computes the loss of DESIGN.md section 4 directly, written out
+weights, per-source clip decay) and computes the loss directly, written out
 below, on the same weights loaded into a plain transformers model; the gradients must agree.
 """
 
@@ -120,7 +120,7 @@ def make_batch(model) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# DESIGN.md section 4, written out
+# the loss (docs/algorithm.md, 'Loss'), written out
 
 
 def reference_terms(log_prob: torch.Tensor, batch: dict) -> dict:
@@ -193,7 +193,7 @@ def engine(setup, tiny_model_path, run_python):
 
 @pytest.fixture(scope="module")
 def reference(setup):
-    """Gradients of the section 4 loss, by autograd through the transformers model."""
+    """Gradients of the written-out loss, by autograd through the transformers model."""
     model, batch = setup["model"], setup["batch"]
     model.zero_grad()
     log_prob = _response_log_probs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
@@ -312,7 +312,7 @@ def _flat(grads: dict) -> torch.Tensor:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run there: pytest -s -k cuda)")
 def test_engine_gradient_on_cuda(setup, reference, tiny_model_path, run_python):
-    """The same mini-batch through verl's engine on CUDA: fp32 gives section 4's gradient, bf16 gives it to bf16's
+    """The same mini-batch through verl's engine on CUDA: fp32 gives the written-out loss's gradient, bf16 gives it to bf16's
     precision, for packed, padded and dynamic micro-batches. Prints the errors (docs/gpu.md quotes them)."""
     batch_file, out_file = setup["dir"] / "batch_cuda.pt", setup["dir"] / "engine_cuda.pt"
     torch.save({k: v for k, v in setup["batch"].items() if not k.startswith("_")}, batch_file)

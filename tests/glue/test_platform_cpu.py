@@ -172,7 +172,7 @@ def test_verl_platform_cpu_selects_the_cpu_platform(active):
 
 
 def test_cpu_points_are_handled(active):
-    """Points 2, 3, 6, 7 and 8 of VERL_NOTES.md, "Running verl on CPU"."""
+    """Points 2, 3, 6, 7 and 8 of recipe/darl/cpu/platform.py's docstring (what stock verl needs on CPU)."""
     assert active["pg_backend"] == "gloo" and active["all_reduce"] == [1.0, 1.0, 1.0]  # 2
     assert active["engine_device_env"] == "cuda" and active["engine"] == "FSDPEngineWithLMHead"  # 3
     assert active["device_id"] == "cpu" and active["tensor_device"] == "cpu"  # 6

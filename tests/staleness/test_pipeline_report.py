@@ -52,10 +52,10 @@ def test_report_by_hand(tmp_path):
            for line in text.splitlines() if line.startswith("| `")}
     # finals, mean ± std: pmis_sg 0.50, 0.36 -> 0.430 ± 0.099
     assert row["`pmis_sg`"][2] == "0.500, 0.360" and row["`pmis_sg`"][3] == "0.430 ± 0.099"
-    # paired minus decoupled: +10, +6 points -> mean +8.0, s.e. = stdev(10, 6) / sqrt 2 = 2.0
-    assert row["`pmis_sg`"][6] == "+8.0 ± 2.0 (+10.0, +6.0)"
-    # minus gates_only: +5, +6 -> +5.5 ± 0.5
-    assert row["`pmis_sg`"][7] == "+5.5 ± 0.5 (+5.0, +6.0)"
+    # paired minus decoupled: +10, +6 points -> mean +8.0, s.e. = stdev(10, 6) / sqrt 2 = 2.0, x 12.706: [-17.4, +33.4]
+    assert row["`pmis_sg`"][6] == "+8.0 [-17.4, +33.4] (+10.0, +6.0)"
+    # minus gates_only: +5, +6 -> +5.5, s.e. 0.5, t_0.975,1 = 12.706: [-0.9, +11.9]
+    assert row["`pmis_sg`"][7] == "+5.5 [-0.9, +11.9] (+5.0, +6.0)"
     # samples to the same seed's decoupled final (0.40 at step 20; 0.30 at step 20) over decoupled's 2,000:
     # pmis_sg seed 0 reaches 0.40 at step 10 (0.50x), seed 1 reaches 0.30 at step 10 (0.50x);
     # gates_only seed 0 first >= 0.40 at step 20 (1.00x), seed 1 at step 10 (0.50x)
@@ -116,9 +116,9 @@ def test_sources_merge_and_a_later_run_replaces_an_earlier(tmp_path):
     assert main([str(tmp_path / "ev" / "results.jsonl.gz"), str(tmp_path / "later"),
                  "--archive", str(tmp_path / "ev2")]) == 0
     text = (tmp_path / "ev2" / "summary.md").read_text()
-    # decoupled's finals are now 0.40, 0.20; pmis_sg minus decoupled: +10, +16 -> +13.0 ± 3.0
+    # decoupled's finals are now 0.40, 0.20; pmis_sg minus decoupled: +10, +16 -> +13.0, s.e. 3.0: [-25.1, +51.1]
     assert "| `decoupled` | decoupled PPO | 0.400, 0.200 |" in text
-    assert "+13.0 ± 3.0 (+10.0, +16.0)" in text
+    assert "+13.0 [-25.1, +51.1] (+10.0, +16.0)" in text
     assert "| `sync` | sync (decoupled, staleness 0) | 0.330 |" in text
 
 

@@ -3,20 +3,20 @@
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.darl.glue.config_check import ConfigError, apply_seed_aliases, check_config, validate_or_raise
-from recipe.darl.main_darl import rewrite_seed_overrides
+from recipe.darl.glue.config_check import ConfigError, apply_compat_aliases, check_config, validate_or_raise
+from recipe.darl.main_darl import rewrite_plus_overrides
 
 REPLAY_ON = ("replay.enable=true", "algorithm.rollout_correction.bypass_mode=false")
 
 
 def problems(cfg):
-    return apply_seed_aliases(cfg) + check_config(cfg)
+    return apply_compat_aliases(cfg) + check_config(cfg)
 
 
 def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
     assert problems(compose_config()) == []
     assert problems(compose_config(*REPLAY_ON, "replay.k=4", "algorithm.rollout_is=true")) == []
-    # the earlier two-sided trust region is one flag through Hydra
+    # the two-sided trust region is one flag through Hydra
     assert problems(compose_config(*REPLAY_ON, "replay.behavior_clip_high=0.2")) == []
     assert problems(compose_config(*REPLAY_ON, "replay.prompt_replay=16", "replay.success=2")) == []
 
@@ -70,19 +70,19 @@ def test_every_problem_is_reported_at_once(compose_config):
         assert key in text
 
 
-def test_seed_aliases_map_onto_rollout_correction(compose_config):
+def test_compat_aliases_map_onto_rollout_correction(compose_config):
     cfg = compose_config("algorithm.rollout_is=true", "algorithm.rollout_is_threshold=3.5")
-    assert apply_seed_aliases(cfg) == []
+    assert apply_compat_aliases(cfg) == []
     assert cfg.algorithm.rollout_correction.rollout_is == "token"
     assert cfg.algorithm.rollout_correction.rollout_is_threshold == 3.5
     assert "rollout_is" not in cfg.algorithm  # verl's AlgoConfig would reject the alias keys
     OmegaConf.to_object(cfg.algorithm.rollout_correction)
 
 
-def test_seed_plus_prefix_overrides_compose(compose_config):
+def test_plus_prefix_overrides_compose(compose_config):
     argv = ["+replay.enable=True", "+replay.k=4", "+replay.pmis=True", "+replay.warmup=5", "algorithm.rollout_is=True",
             "+algorithm.rollout_is_threshold=2.0", "+trainer.val_only=true"]
-    rewritten = rewrite_seed_overrides(argv)
+    rewritten = rewrite_plus_overrides(argv)
     assert rewritten[:4] == ["++replay.enable=True", "++replay.k=4", "++replay.pmis=True", "++replay.warmup=5"]
     assert rewritten[-1] == "+trainer.val_only=true"  # other keys are left to Hydra's own rules
     cfg = compose_config(*rewritten[:-1], "algorithm.rollout_correction.bypass_mode=false")
@@ -90,8 +90,8 @@ def test_seed_plus_prefix_overrides_compose(compose_config):
     assert problems(cfg) == []
 
 
-def test_seed_rollout_is_alias_means_decoupled_unless_bypass_was_set(compose_config):
-    # the seed's verl computed rollout_is weights from old log-probs the trainer recomputed: decoupled mode
+def test_rollout_is_alias_means_decoupled_unless_bypass_was_set(compose_config):
+    # the original D-ARL repository's verl computed rollout_is weights from old log-probs the trainer recomputed: decoupled mode
     cfg = compose_config("algorithm.rollout_is=true", "algorithm.rollout_is_threshold=2.0")
     assert problems(cfg) == []
     assert cfg.algorithm.rollout_correction.bypass_mode is False

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from ray import cloudpickle
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from recipe.darl.glue.config_check import apply_seed_aliases, check_config, fully_async_findings, validate_or_raise
+from recipe.darl.glue.config_check import apply_compat_aliases, check_config, fully_async_findings, validate_or_raise
 from recipe.darl.core import ReplayBuffer, ReplayConfig
 from recipe.darl.trainers.fully_async_runner import DarlFullyAsyncTaskRunner
 from recipe.darl.trainers.fully_async import DarlFullyAsyncTrainer, DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase
@@ -40,7 +40,7 @@ def test_config_restates_verls_fully_async_yaml(compose_config):
     theirs = OmegaConf.to_container(OmegaConf.load(str(verl_yaml)))
     theirs.pop("hydra"), theirs.pop("defaults")
     cfg = compose_config(config_name=FULLY_ASYNC)
-    assert apply_seed_aliases(cfg) == []  # bypass_mode null -> verl's default
+    assert apply_compat_aliases(cfg) == []  # bypass_mode null -> verl's default
     ours = OmegaConf.to_container(cfg, resolve=True)
     for key, value in _leaves(theirs):
         node = ours
@@ -58,17 +58,17 @@ def _fa(compose_config, *overrides):
 
 def test_fully_async_checks_name_the_keys_and_numbers(compose_config):
     cfg = _fa(compose_config, "async_training.staleness_threshold=1.5", "replay.k=2")
-    assert apply_seed_aliases(cfg) + check_config(cfg) == []
-    assert cfg.algorithm.rollout_correction.bypass_mode is False  # the seed's alias: decoupled
+    assert apply_compat_aliases(cfg) + check_config(cfg) == []
+    assert cfg.algorithm.rollout_correction.bypass_mode is False  # the alias algorithm.rollout_is: decoupled
     warnings = fully_async_findings(cfg)[1]
     assert len(warnings) == 1 and "replay.k=2" in warnings[0] and "3 versions old" in warnings[0] and "k >= 4" in warnings[0]
     assert fully_async_findings(_fa(compose_config, "replay.k=4", "async_training.staleness_threshold=1.5"))[1] == []
     # 100 rollout prompts / (2 per step * 4 per sync) = 12 syncs = 48 trainer steps: warmup 48 never replays
     bad = _fa(compose_config, "replay.warmup=48")
-    apply_seed_aliases(bad)
+    apply_compat_aliases(bad)
     assert any("replay.warmup=48" in p for p in check_config(bad))
     wrong_batch = _fa(compose_config, "data.train_batch_size=4")
-    apply_seed_aliases(wrong_batch)
+    apply_compat_aliases(wrong_batch)
     assert any("data.train_batch_size must be 0" in p for p in check_config(wrong_batch))
     with pytest.raises(ValueError, match="bypass_mode=true"):
         validate_or_raise(_fa(compose_config, "algorithm.rollout_correction.bypass_mode=true"))

@@ -44,7 +44,7 @@ def make_trainer(cfg, deltas: dict[str, float]) -> DarlTrainer:
     trainer.replay = ReplayConfig.from_dict(dict(cfg.replay))
     trainer.buffer = ReplayBuffer.from_config(trainer.replay)
     trainer._step_state = None
-    trainer._init_shaping_trainer(cfg)  # rollout_shaping off in the composed config: no manager is called
+    trainer._init_darts_trainer(cfg)  # rollout_shaping off in the composed config: no manager is called
     trainer.actor_rollout_wg = trainer.actor_wg = StandInActor()
     trainer.use_rm = trainer.use_critic = False
     trainer.global_steps = 1

@@ -1,4 +1,4 @@
-"""Replay buffer over whole GRPO groups from the K most recent behavior versions (DESIGN.md section 2).
+"""Replay buffer over whole GRPO groups from the K most recent behavior versions (docs/algorithm.md, 'Replay buffer').
 
 A step uses it in two calls around the actor update:
 
@@ -352,8 +352,8 @@ class ReplayBuffer:
                 continue
             if state.get(name) is None:
                 raise ValueError(f"replay.{key} is on but the checkpoint's buffer has no {name} store "
-                                 f"(saved with replay.{key}=false, or under the preset before the ninth session, "
-                                 f"which had no per-prompt store): resume with replay.{key}=false")
+                                 f"(saved with replay.{key}=false, as the group-replay preset saves it): "
+                                 f"resume with replay.{key}=false")
             store.load_state_dict(state[name])
 
 

@@ -1,4 +1,4 @@
-"""The `replay:` config section (DESIGN.md section 6), typed and validated."""
+"""The `replay:` config section (docs/config.md, `replay.*`), typed and validated."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ PromptReplayBudget = Literal["extra", "shared"]
 PromptReplayNorm = Literal["split", "mixed"]
 PromptReplayWhen = Literal["always", "zero_adv"]
 
-# What `pmis: true` resolves the keys left null to: the second design (docs/algorithm.md). False turns a
+# What `pmis: true` resolves the keys left null to: the preset (docs/algorithm.md). False turns a
 # numeric control off; `pmis: false` resolves them to the uniform-replay ablation (newest first, no controls).
 # behavior_clip_high false: the trust region bounds A < 0 only (docs/evidence.md: a bound on A > 0 cost 24 points in
 # the scarce regime and put the preset below decoupled PPO there). prompt_replay 16 with prompt_replay_when zero_adv
-# (since the ninth session): a fresh group without advantage trains its prompt's 8 best stored responses in its place
+# (per-prompt replay): a fresh group without advantage trains its prompt's 8 best stored responses in its place
 # (docs/evidence.md: above decoupled PPO in every one of six seeds at s = 4, where group replay alone was not)
 PRESET = {"order": "least_reused", "ratio": 0.5, "m2_budget": 0.04, "behavior_clip": 0.2, "behavior_clip_high": False,
           "max_reuse": 2, "prompt_replay": 16, "prompt_replay_when": "zero_adv"}

@@ -1,4 +1,4 @@
-"""DARTS rollout shaping (DESIGN.md section 12): redundant responses per prompt, dual-end selection by finishing
+"""DARTS (docs/darts.md): redundant responses per prompt, dual-end selection by finishing
 order, and adaptive redundancy from an EMA of each prompt's response-length spread. Plain Python: no Ray, no verl.
 
 After the released code of PKU-DAIR/DARTS (Distribution-Aware Active Rollout Trajectory Shaping, ICML'26): r >= n
@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 
 @dataclass
-class ShapingConfig:
+class DartsConfig:
     """Every key of `rollout_shaping.*`; n is `actor_rollout_ref.rollout.n`. Build with `from_dict`."""
 
     enable: bool = False
@@ -29,7 +29,7 @@ class ShapingConfig:
     ema_alpha: float = 0.3
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], n: int) -> "ShapingConfig":
+    def from_dict(cls, values: Mapping[str, Any], n: int) -> "DartsConfig":
         problems = cls.problems_of(values, n)
         if problems:
             raise ValueError("invalid rollout_shaping config:\n  " + "\n  ".join(problems))

@@ -1,4 +1,4 @@
-"""The multi-behavior clipped objective, per micro-batch (DESIGN.md section 4).
+"""The multi-behavior clipped objective, per micro-batch (docs/algorithm.md, 'Loss').
 
 l = -rho_bar * min(r A, clip(r, 1 - eps_low_v, 1 + eps_high_v) A), with verl's dual clip for A < 0,
 and L = sum over tokens of token_coef * l. `token_coef` (alpha_v / tokens(S_v), from

@@ -1,4 +1,4 @@
-"""Variance-guided chi-square score of candidate samples and groups (DESIGN.md section 3).
+"""Variance-guided chi-square score of candidate samples and groups (docs/algorithm.md, 'The first design').
 
 chi2(pi || mu) = Var_mu(pi / mu): the importance weight's variance, which an importance-sampled
 gradient's variance grows with. A low score means the sample is distribution-matched.

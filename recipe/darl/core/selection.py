@@ -1,4 +1,4 @@
-"""Which candidate groups a step trains on (DESIGN.md section 3)."""
+"""Which candidate groups a step trains on (docs/algorithm.md, 'Which groups a step trains on')."""
 
 from __future__ import annotations
 

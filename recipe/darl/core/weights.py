@@ -1,4 +1,4 @@
-"""Behavior weights and source weights of the multi-behavior objective (DESIGN.md section 4).
+"""Behavior weights and source weights of the multi-behavior objective (docs/algorithm.md, 'Multi-behavior weights').
 
 The driver calls `batch_weights` once per step on the selected batch. It returns, per token,
 the log of the behavior density rho divides by (`log_denominator`) and the coefficient

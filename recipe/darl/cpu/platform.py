@@ -11,8 +11,8 @@ installed. ``VERL_PLATFORM`` must be in the environment before Ray starts (Ray w
 driver's environment), and verl then selects the platform by that name
 (``verl/plugin/platform/platform_manager.py::_detect_platform_name``).
 
-What it does when active, numbered as the ten CPU problems in the project's verl notes ("Running verl
-on CPU"):
+Stock verl 0.9.1 needs ten changes to run on CPU, numbered here (the code and tests cite them by number).
+What this module does when active:
 
 1. registers ``PlatformCPU`` as "cpu" with verl's ``PlatformRegistry``: device "cpu", backend gloo,
    Ray resource CPU; ``auto_set_device`` then keeps ``trainer.device=cpu``;
@@ -26,7 +26,13 @@ on CPU"):
 8. FSDP2's ``CPUOffloadPolicy`` never pins memory (a patch: verl hard-codes ``pin_memory=True`` for
    forward-only engines such as the reference policy, and pinning needs an accelerator).
 
-Points 4, 5, 9 and 10 are configuration: ``cpu_overrides()`` returns them as Hydra overrides.
+Points 4, 5, 9 and 10 are configuration: ``cpu_overrides()`` returns them as Hydra overrides:
+
+4. ``attn_implementation`` defaults to flash_attention_2: ``sdpa``;
+5. ``strategy=fsdp`` (FSDP1) fails on CPU (``sync_module_states``): ``fsdp2``;
+9. ``use_torch_compile`` works but adds about 20 s: off;
+10. Ray's resource check counts only GPUs/NPUs: Ray starts with logical GPUs covering the trainer and rollout
+    processes, and enough logical CPUs (the one-step-off task runner asks for 10).
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ ENV_VAR = "VERL_PLATFORM"
 
 
 def cpu_overrides(ray_gpus: int, ray_cpus: int = 16, fp32: bool = True) -> list[str]:
-    """Hydra overrides of verl's trainer config for a CPU run (points 1, 4, 5, 9 and 10 of the notes).
+    """Hydra overrides of verl's trainer config for a CPU run (points 1, 4, 5, 9 and 10 of the module docstring).
 
     ray_gpus: logical GPUs for Ray, at least the trainer plus rollout processes (verl's
     ResourcePoolManager counts only GPUs before it places workers, which then ask for CPUs);

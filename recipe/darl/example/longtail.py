@@ -4,7 +4,7 @@ The example's arithmetic prompts, answered by the tiny model *untrained* (hidden
 is one of 101, so a response ends at a roughly geometric length, and the responses to one prompt have a long tail
 (measured at 128 tokens, temperature 1, one prompt x 64: median 40, 17% cut at the limit). The reward is dense, the
 share of digits in the response, so every group is informative and RL has something to climb from the first step.
-It is a timing testbed for rollout shaping, not a reasoning task.
+It is a timing testbed for DARTS, not a reasoning task.
 """
 
 from __future__ import annotations

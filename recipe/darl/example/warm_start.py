@@ -1,6 +1,6 @@
 """Supervised warm-start of the tiny model on the arithmetic task, so RL starts neither hopeless nor perfect.
 
-Accuracy stays near 0 for a few hundred steps and then jumps within 50-100 steps (VERL_NOTES.md),
+Accuracy stays near 0 for a few hundred steps and then jumps within 50-100 steps,
 so a fixed step count is unreliable: training stops at the first evaluation whose greedy accuracy
 reaches `target` (default 0.25).
 """

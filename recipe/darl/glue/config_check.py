@@ -1,6 +1,6 @@
 """Checks of a composed D-ARL config, run before Ray starts; every problem is reported at once.
 
-Also maps the seed's verl-0.6 aliases `algorithm.rollout_is` (bool) and
+Also maps the verl-0.6 aliases of the original D-ARL repository, `algorithm.rollout_is` (bool) and
 `algorithm.rollout_is_threshold` (float) onto verl 0.9.1's `algorithm.rollout_correction`.
 """
 
@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..core import group_multiple
 from ..core.config import ReplayConfig
-from ..core.darts import ShapingConfig
+from ..core.darts import DartsConfig
 
 VERL_DEFAULT_THRESHOLD = 2.0
 GROUP_ESTIMATORS = {"grpo", "rloo", "grpo_passk", "opo", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline"}
@@ -25,7 +25,7 @@ class ConfigError(ValueError):
     """A config the D-ARL trainer cannot run; the message lists every problem, one per line."""
 
 
-def apply_seed_aliases(cfg: DictConfig) -> list[str]:
+def apply_compat_aliases(cfg: DictConfig) -> list[str]:
     """Moves `algorithm.rollout_is(_threshold)` onto `algorithm.rollout_correction` and deletes them.
 
     Returns the contradictions found (empty when the aliases agree with what is set, or are unset).
@@ -37,7 +37,7 @@ def apply_seed_aliases(cfg: DictConfig) -> list[str]:
     alias_thr = algo.get("rollout_is_threshold", None)
     if alias_is is not None:
         if not isinstance(alias_is, bool):
-            problems.append(f"algorithm.rollout_is must be a bool (the seed's alias), got {alias_is!r}")
+            problems.append(f"algorithm.rollout_is must be a bool (an alias from the original D-ARL repository), got {alias_is!r}")
         elif alias_is and corr.rollout_is not in (None, "token"):
             problems.append(f"algorithm.rollout_is=true (token-level IS) contradicts "
                             f"algorithm.rollout_correction.rollout_is={corr.rollout_is!r}")
@@ -45,9 +45,9 @@ def apply_seed_aliases(cfg: DictConfig) -> list[str]:
             problems.append(f"algorithm.rollout_is=false contradicts algorithm.rollout_correction.rollout_is={corr.rollout_is!r}")
         elif alias_is:
             corr.rollout_is = "token"
-            # in the seed's verl, rollout_is meant IS weights from old log-probs the trainer recomputes
+            # in the original repository's verl, rollout_is meant IS weights from old log-probs the trainer recomputes
             if corr.get("bypass_mode") is True:
-                problems.append("algorithm.rollout_is=true (the seed's decoupled IS) contradicts "
+                problems.append("algorithm.rollout_is=true (decoupled IS, as in the original D-ARL repository) contradicts "
                                 "algorithm.rollout_correction.bypass_mode=true; drop one of them")
             corr.bypass_mode = False
     if alias_thr is not None:
@@ -66,7 +66,7 @@ def apply_seed_aliases(cfg: DictConfig) -> list[str]:
 
 
 def check_config(cfg: DictConfig) -> list[str]:
-    """Every problem of a composed config (after `apply_seed_aliases`), each naming its key."""
+    """Every problem of a composed config (after `apply_compat_aliases`), each naming its key."""
     problems: list[str] = []
     replay_values: dict[str, Any] = OmegaConf.to_container(cfg.get("replay", {}) or {}, resolve=True)
     problems += ReplayConfig.problems_of(replay_values)
@@ -117,19 +117,19 @@ def check_config(cfg: DictConfig) -> list[str]:
     problems += _batch_problems(cfg, replay_values if enabled else None)
     problems += _path_problems(cfg)
     problems += _fault_problems(cfg)
-    problems += _shaping_problems(cfg)
+    problems += _darts_problems(cfg)
     return problems
 
 
 SHAPING_MANAGER = "recipe.darl.glue.darts_rollout.DartsAgentLoopManager"
 
 
-def _shaping_problems(cfg: DictConfig) -> list[str]:
+def _darts_problems(cfg: DictConfig) -> list[str]:
     """`rollout_shaping.*` (DARTS); when on, the one-step-off trainer's rollout manager is DARTS' (the fully-async
     trainer installs it in its rollouter, glue/darts_trainer.py)."""
     values: dict[str, Any] = OmegaConf.to_container(cfg.get("rollout_shaping", {}) or {}, resolve=True)
     n = int(cfg.actor_rollout_ref.rollout.n)
-    problems = ShapingConfig.problems_of(values, n)
+    problems = DartsConfig.problems_of(values, n)
     if problems or not values.get("enable", False):
         return problems
     agent = cfg.actor_rollout_ref.rollout.agent
@@ -149,7 +149,7 @@ def _shaping_problems(cfg: DictConfig) -> list[str]:
 
 def validate_or_raise(cfg: DictConfig, extra: list[str] | tuple[str, ...] = ()) -> None:
     """Applies the aliases and raises `ConfigError` listing every problem (`extra`: found by the caller)."""
-    problems = apply_seed_aliases(cfg)
+    problems = apply_compat_aliases(cfg)
     problems += check_config(cfg)
     problems += list(extra)
     if problems:

@@ -29,16 +29,16 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopW
 from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncAgentLoopManager
 from verl.utils.ray_utils import auto_await
 
-from ..core.darts import LengthSpreadEma, ShapingConfig, allocate, dual_end_keep
+from ..core.darts import LengthSpreadEma, DartsConfig, allocate, dual_end_keep
 
 GROUP, EXTRA = "darts_group", "darts_extra"  # planning columns, removed before the trainer sees the batch
 COUNTS = ("darts_generated", "darts_aborted", "darts_dropped")  # per kept row: its part's totals / its rows
 POPULATION = 1024  # fully-async plans one prompt at a time: against the EMA's most recent prompts
 
 
-def shaping_config(config) -> ShapingConfig:
+def darts_config(config) -> DartsConfig:
     values = OmegaConf.to_container(config.get("rollout_shaping") or {}, resolve=True)
-    return ShapingConfig.from_dict(values, int(config.actor_rollout_ref.rollout.n))
+    return DartsConfig.from_dict(values, int(config.actor_rollout_ref.rollout.n))
 
 
 def prompt_key(non_tensor: dict[str, np.ndarray], row: int) -> str:
@@ -68,7 +68,7 @@ class DartsAgentLoopWorker(AgentLoopWorker):
 
     def __init__(self, config, llm_client, *args, **kwargs):
         super().__init__(config, llm_client, *args, **kwargs)
-        self.keep_last = shaping_config(config).keep_last
+        self.keep_last = darts_config(config).keep_last
         self._parts: dict[str, _Part] = {}
         acquire = llm_client._acquire_server
 
@@ -172,10 +172,10 @@ class DartsManagerMixin:
 
     agent_loop_workers_class = ray.remote(DartsAgentLoopWorker)  # verl's AgentLoopManager creates its workers from it
 
-    def _init_shaping(self) -> None:
-        self.shaping = shaping_config(self.config)
+    def _init_darts(self) -> None:
+        self.darts = darts_config(self.config)
         self.n = int(self.config.actor_rollout_ref.rollout.n)
-        self.spread_ema = LengthSpreadEma(self.shaping.ema_alpha)
+        self.spread_ema = LengthSpreadEma(self.darts.ema_alpha)
         self.counts = dict.fromkeys(("prompts", "kept", *COUNTS), 0.0)
         self.kept_lengths: list[float] = []
 
@@ -185,13 +185,13 @@ class DartsManagerMixin:
             raise ValueError(f"rollout_shaping: {len(prompts)} rows are not groups of rollout.n={self.n}")
         groups = len(prompts) // self.n
         keys = [prompt_key(prompts.non_tensor_batch, g * self.n) for g in range(groups)]
-        if self.shaping.adaptive:
-            low, high = self.shaping.bounds(self.n)
+        if self.darts.adaptive:
+            low, high = self.darts.bounds(self.n)
             others = [k for k in list(self.spread_ema.values)[-POPULATION:] if k not in keys] if population else []
             spreads = [self.spread_ema.get(k) for k in others + keys]
-            responses = allocate(spreads, self.n, self.shaping.mean_ratio, low, high)[len(others):]
+            responses = allocate(spreads, self.n, self.darts.mean_ratio, low, high)[len(others):]
         else:
-            responses = [self.shaping.fixed_responses(self.n)] * groups
+            responses = [self.darts.fixed_responses(self.n)] * groups
         tag = uuid4().hex[:8]
         extra = np.zeros(len(prompts), dtype=np.int64)
         for g, r in enumerate(responses):
@@ -226,11 +226,11 @@ class DartsManagerMixin:
                 "rollout_shaping/responses_per_prompt": c["darts_generated"] / c["prompts"],
                 "rollout_shaping/ema_prompts": float(len(self.spread_ema.values))}
 
-    def shaping_state(self) -> dict[str, Any]:
+    def darts_state(self) -> dict[str, Any]:
         return {"ema": self.spread_ema.state_dict()}
 
-    def load_shaping_state(self, state: dict[str, Any]) -> None:
-        self.spread_ema = LengthSpreadEma(self.shaping.ema_alpha, state["ema"])
+    def load_darts_state(self, state: dict[str, Any]) -> None:
+        self.spread_ema = LengthSpreadEma(self.darts.ema_alpha, state["ema"])
 
 
 class DartsAgentLoopManager(DartsManagerMixin, AgentLoopManager):
@@ -238,7 +238,7 @@ class DartsAgentLoopManager(DartsManagerMixin, AgentLoopManager):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._init_shaping()
+        self._init_darts()
 
     @auto_await  # as verl's: its validation calls this without await
     async def generate_sequences(self, prompts):
@@ -268,7 +268,7 @@ def install_in_rollouter(rollouter) -> bool:
         return False
     old = list(manager.agent_loop_workers)
     manager.__class__ = DartsFullyAsyncAgentLoopManager
-    manager._init_shaping()
+    manager._init_darts()
     manager.agent_loop_workers_class = DartsFullyAsyncAgentLoopManager.agent_loop_workers_class
     # verl's own worker creation; a coroutine that never awaits (it only calls .remote()), run here to the end
     # because Ray's __ray_call__, which runs this, does not await

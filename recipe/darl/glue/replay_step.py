@@ -181,7 +181,7 @@ def replay_metrics(
     evicted: dict[str, int],
     timing: dict[str, float],
 ) -> dict[str, float]:
-    """The `replay/` metrics of one step (DESIGN.md section 8); scalars only, as verl's loggers want."""
+    """The `replay/` metrics of one step (docs/metrics.md); scalars only, as verl's loggers want."""
     groups = cands.candidates
     chosen = set(selection.selected)
     sel_groups = [groups[i] for i in selection.selected]

@@ -42,7 +42,7 @@ import ray
 from ray import cloudpickle
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
-from ..glue.darts_trainer import ShapingTrainerMixin
+from ..glue.darts_trainer import DartsTrainerMixin
 from ..glue.fault_files import check_resume, guarded_verl_save, read_checked, write_checked
 from ..glue.fault_inject import fault_point
 from ..glue.fault_reward import RewardGuardMixin
@@ -61,7 +61,7 @@ class StopRequested(Exception):
     """Ends `fit` after a stop checkpoint. Not verl's TrainingStopException: its path syncs weights once more."""
 
 
-class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ShapingTrainerMixin, ReplayStepMixin,
+class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, DartsTrainerMixin, ReplayStepMixin,
                                 FullyAsyncTrainerBase):
     """Fully-async PPO/GRPO with D-ARL replay and the multi-behavior loss (the plain class; the Ray actor
     is `DarlFullyAsyncTrainer`)."""
@@ -69,7 +69,7 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ShapingTrai
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         self._init_replay(config)
-        self._init_shaping_trainer(config)
+        self._init_darts_trainer(config)
         self._requeued = 0  # samples put back by a resume, not yet counted by the rollouter
         self._stopping = False
 
@@ -88,7 +88,7 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ShapingTrai
         folder = self._checkpoint_folder()
         version = int(self.current_param_version)
         self.save_replay(folder)
-        self.save_shaping(folder)
+        self.save_darts(folder)
         self.save_queue(folder)
         fault_point("after_buffer", version)
         return guarded_verl_save(self, super()._save_checkpoint, version)
@@ -121,7 +121,7 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ShapingTrai
     async def _fit_update_weights(self):
         if not getattr(self, "_watching", False):  # the first call: before the rollouter starts
             await self.rollouter.__ray_call__.remote(_watch_generation)
-            self._install_shaping()  # idempotent: load_checkpoint installed it already
+            self._install_darts()  # idempotent: load_checkpoint installed it already
             self._watching = True
         if self._requeued:
             # verl's rollouter resumes its sample count at the trained samples; the requeued ones were generated
@@ -143,7 +143,7 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ShapingTrai
     async def load_checkpoint(self):
         if self.config.trainer.resume_mode == "auto":
             check_resume(self.config.trainer.default_local_dir)  # before the rollouter reads the tracker too
-        self._install_shaping()  # DARTS' manager in the rollouter, before its EMA is restored
+        self._install_darts()  # DARTS' manager in the rollouter, before its EMA is restored
         version = await super().load_checkpoint()
         if self.current_param_version > 0:
             if self.config.trainer.resume_mode == "resume_path":
@@ -151,7 +151,7 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, ShapingTrai
             else:
                 folder = self._checkpoint_folder()
             self.load_replay(folder)
-            self.load_shaping(folder)
+            self.load_darts(folder)
             await self.requeue(folder)
         self._clear_stale_stop_request()
         return version

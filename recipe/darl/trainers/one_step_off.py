@@ -11,7 +11,7 @@ import time
 import ray
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
-from ..glue.darts_trainer import ShapingTrainerMixin
+from ..glue.darts_trainer import DartsTrainerMixin
 from ..glue.fault_files import check_resume, guarded_verl_save
 from ..glue.fault_inject import fault_point
 from ..glue.fault_reward import RewardGuardMixin
@@ -22,14 +22,14 @@ from ..glue.replay_mixin import BUFFER_FILE, ReplayStepMixin
 __all__ = ["BUFFER_FILE", "DarlTrainer"]
 
 
-class DarlTrainer(GracefulStopMixin, RewardGuardMixin, ShapingTrainerMixin, ReplayStepMixin, OneStepOffRayTrainer):
+class DarlTrainer(GracefulStopMixin, RewardGuardMixin, DartsTrainerMixin, ReplayStepMixin, OneStepOffRayTrainer):
     """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss; ends early, with a checkpoint, on a
     stop request (glue/graceful_stop.py)."""
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         self._init_replay(config)
-        self._init_shaping_trainer(config)
+        self._init_darts_trainer(config)
 
     def _save_checkpoint(self):
         # the buffer first (atomic, checksummed), then verl's files and, last, verl's tracker: a kill anywhere before
@@ -37,7 +37,7 @@ class DarlTrainer(GracefulStopMixin, RewardGuardMixin, ShapingTrainerMixin, Repl
         step = self.global_steps
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}")
         self.save_replay(folder)
-        self.save_shaping(folder)
+        self.save_darts(folder)
         fault_point("after_buffer", step)
         return guarded_verl_save(self, super()._save_checkpoint, step)
 
@@ -52,7 +52,7 @@ class DarlTrainer(GracefulStopMixin, RewardGuardMixin, ShapingTrainerMixin, Repl
             else:
                 folder = os.path.join(os.path.abspath(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
             self.load_replay(folder)
-            self.load_shaping(folder)
+            self.load_darts(folder)
         self._clear_stale_stop_request()
         return result
 

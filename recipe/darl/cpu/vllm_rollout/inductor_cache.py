@@ -6,9 +6,9 @@ vLLM on CPU compiles kernels through TorchInductor, which writes each C++ kernel
 to its final path in the cache (``/tmp/torchinductor_$USER`` or ``TORCHINDUCTOR_CACHE_DIR``) and later trusts any
 file already there (``if not os.path.exists(target): build()``, torch 2.13). A process killed while the compiler
 writes (a dead rollout server, a preempted job) leaves an empty or truncated file, and from then on every vLLM start
-on that machine fails: ``ImportError: .../<key>.main.so: file too short`` (pytorch/pytorch#102539). Measured here:
-`tests/vllm/test_dead_server.py` SIGKILLs a vLLM server during its first compile on a fresh machine and every later
-vLLM test failed that way, until the file was removed.
+on that machine fails: ``ImportError: .../<key>.main.so: file too short`` (pytorch/pytorch#102539). `tests/vllm/test_dead_server.py`
+SIGKILLs a vLLM server during its first compile on a fresh machine, which leaves such a file: without this plugin
+every later vLLM start there fails that way.
 
 A file counts as torn when it is not a whole ELF file: its header is missing, or the section or program header
 table the header points to ends past the file's end (both tables end a file's layout as compilers write it). A file
