@@ -2,9 +2,9 @@
 # make demo: D-ARL end to end on CPU on the built-in example (Ray, FSDP2 trainer, verl's vLLM rollout, replay K=4);
 #   ROLLOUT=hf make demo: the project's transformers rollout instead (lighter: docs/cpu.md, "hf or vLLM").
 # make bench: the core's speed and memory benchmark (docs/performance.md).
-# make evidence: the studies of docs/evidence.md into runs/study (from the runs' own times, with 2 jobs: scarce regime about 4.1 h in the harness and about
-#   3.0 h through verl's two trainers, NO_PIPELINE=1 skips that part; the stress and benign reruns from the shipped
-#   weights about 1 h; then the two older regimes about 80 min, with 2 jobs; SCARCE_ONLY=1 stops before the older ones).
+# make evidence: the studies docs/evidence.md reports, into runs/study (benchmarks/staleness/study.sh; with 2 jobs on 2
+#   cores, from the runs' own times: the scarce regime in the harness about 2.4 h, through verl's two trainers about
+#   3.2 h (NO_PIPELINE=1 skips it), the stress and benign regimes about 20 min; SCARCE_ONLY=1 stops after the first).
 
 PYTHON ?= python3
 VENV ?= .venv

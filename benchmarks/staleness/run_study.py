@@ -166,7 +166,8 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
     return table
 
 
-MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl_no_prompt", "darl")
+# the curves of accuracy_vs_*: the study's names, and the archived presets of earlier designs where a study ran them
+MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl_v1", "darl_v2", "darl_no_prompt", "darl")
 
 
 def _curve(runs: list[dict[str, Any]], axis: str):

@@ -1,9 +1,9 @@
 """`make demo`: D-ARL one-step-off training end to end on CPU, on the built-in example.
 
 Runs shells/cpu/one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh (Ray; FSDP2 trainer worker;
-rollout server: verl's vLLM under `make demo`, ROLLOUT=hf for transformers; weight sync every step; replay K = 4, pmis, stop-grad), then reads verl's
-jsonl log, plots reward, validation accuracy and the replay metrics to a PNG, and prints the
-validation accuracy before and after training.
+rollout server: verl's vLLM under `make demo`, ROLLOUT=hf for transformers; weight sync every step; the
+preset), then reads verl's jsonl log, plots reward, validation accuracy and the preset's metrics to a PNG
+(recipe/darl/plot.py), and prints the validation accuracy before and after training.
 
     python -m recipe.darl.demo [--steps 40] [--out outputs/demo] [extra Hydra overrides ...]
 """
@@ -45,7 +45,7 @@ def main() -> int:
 
     log = args.out / "metrics.jsonl"
     series = read_log(log)
-    png = plot(series, args.out / "demo.png", title=f"D-ARL on CPU: tiny Qwen3, arithmetic, K=4 pmis ({args.steps} steps)")
+    png = plot(series, args.out / "demo.png", title=f"D-ARL on CPU: tiny Qwen3, arithmetic, the preset ({args.steps} steps)")
     val = series.get(VAL_KEY, [])
     if len(val) < 2:
         print(f"[demo] expected validation before and after training in {log}", file=sys.stderr)

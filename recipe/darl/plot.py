@@ -1,5 +1,6 @@
 """Plots a run's curves from verl's jsonl log (`trainer.logger` with "file"): reward, validation
-accuracy and the main replay metrics against the training step, into one PNG.
+accuracy and the preset's own metrics (groups trained, staleness, buffer, the m2 gate and the behavior trust
+region) against the training step, into one PNG.
 
     python -m recipe.darl.plot RUN.jsonl [--out RUN.png]
 """
@@ -14,10 +15,12 @@ from pathlib import Path
 PANELS = [
     ("reward (training batch)", ["critic/score/mean"]),
     ("validation accuracy", "val-core/"),
-    ("chi2 of selected / rejected groups", ["replay/chi2_selected_mean", "replay/chi2_rejected_mean"]),
+    ("groups trained per step", ["replay/selected", "replay/replayed_trained", "replay/history_trained"]),
     ("staleness of trained samples", ["replay/staleness_mean", "replay/staleness_max"]),
-    ("buffer groups and selection", ["replay/buffer_groups", "replay/candidates", "replay/selected"]),
-    ("behavior weights", ["replay/truncated_fraction", "actor/rho_bar_mean"]),
+    ("buffer and candidates", ["replay/buffer_groups", "replay/candidates", "replay/dropped_zero_adv"]),
+    # shares of the trained tokens: the m2 gate, the behavior trust region, rho truncated at C
+    ("tokens gated / behavior-clipped / truncated",
+     ["replay/m2_gated_fraction", "actor/behavior_clipfrac", "replay/truncated_fraction"]),
 ]
 
 

@@ -246,16 +246,23 @@ def test_preset_keeps_fresh_groups_adds_least_reused_and_recomputes_only_what_it
     # 3 fresh groups: rounding down drops one (no replayed group to round up with); only they are recomputed
     assert uids(trainer.trained[-1]) == [a, b] and calls == [[a, b]]
     assert trainer.metrics["replay/fresh_deferred"] == 1  # said, not silent: c waits in the buffer
+    assert trainer.metrics["replay/replayed_trained"] == 0
     run_step(trainer, step2)
     # fresh d, e, then the 2 least reused: c (0), then a before b (same reuse and version, earlier arrival)
     assert calls[-1] == [d, e, c, a] and uids(trainer.trained[-1]) == [a, c, d, e]
     assert trainer.metrics["replay/fresh_deferred"] == 0
     assert trainer.metrics["replay/candidates"] == 5 and trainer.metrics["replay/selected"] == 4
+    assert trainer.metrics["replay/replayed_trained"] == 2 and trainer.metrics["replay/history_trained"] == 0
+    # the demo's plot draws replay/ metrics this step logs (actor/ ones come from the actor's loss)
+    from recipe.darl.plot import PANELS
+
+    plotted = {k for _, keys in PANELS if not isinstance(keys, str) for k in keys if k.startswith("replay/")}
+    assert plotted <= set(trainer.metrics), plotted - set(trainer.metrics)
     # a was trained twice (max_reuse 2): evicted
     assert {grp.uid for grp in trainer.buffer.groups} == {b, c, d, e}
     run_step(trainer, step3)
     # b, c, d, e were each trained once: the newer version wins the tie
-    assert uids(trainer.trained[-1]) == [d, e, f, g]
+    assert uids(trainer.trained[-1]) == [d, e, f, g] and trainer.metrics["replay/replayed_trained"] == 2
     assert trainer.metrics["replay/m2_gated_fraction"] == 0.0  # pi_old = mu: nothing to gate (R5)
 
 
@@ -308,11 +315,11 @@ def test_prompt_replay_budget_history_on_top_or_first_in_the_replay_budget(repla
     if budget == "extra":
         # both history groups ride on top like fresh ones; the replay slot goes to the buffered a (least reused, first)
         assert sorted(trained) == sorted([a, "d", "d:history", "e", "e:history"])
-        assert trainer.metrics["replay/history_trained"] == 2
+        assert trainer.metrics["replay/history_trained"] == 2 and trainer.metrics["replay/replayed_trained"] == 1
     else:
         # the fresh groups plus one replay slot, which the first history group takes ahead of a and b
         assert sorted(trained) == ["d", "d:history", "e"]
-        assert trainer.metrics["replay/history_trained"] == 1
+        assert trainer.metrics["replay/history_trained"] == 1 and trainer.metrics["replay/replayed_trained"] == 0
     assert trainer.metrics["replay/fresh_deferred"] == 0
 
 

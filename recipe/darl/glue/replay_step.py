@@ -187,6 +187,7 @@ def replay_metrics(
     sel_groups = [groups[i] for i in selection.selected]
     trained = {id(g) for g in sel_groups}
     history = {id(g) for g in cands.history}
+    fresh = {id(g) for g in cands.fresh}  # history groups included
     m: dict[str, float] = {
         "replay/candidates": len(groups),
         "replay/selected": len(sel_groups),
@@ -204,6 +205,8 @@ def replay_metrics(
         # prompt_replay_norm=mixed: equal-reward fresh groups trained beside their history group (not buffered)
         "replay/history_partners": len(cands.history_partners),
         "replay/history_trained": sum(1 for g in sel_groups if id(g) in history),
+        # buffered groups (from earlier steps) trained this step
+        "replay/replayed_trained": sum(1 for g in sel_groups if id(g) not in fresh),
         "replay/buffer_groups": buffer_stats["groups"],
         "replay/buffer_tokens": buffer_stats["tokens"],
         "replay/buffer_bytes": buffer_stats["bytes"],
