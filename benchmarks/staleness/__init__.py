@@ -1,1 +1,1 @@
-"""Controlled-staleness research harness for D-ARL (issue 6): see harness.py and run_study.py."""
+"""Controlled-staleness research harness for D-ARL: see harness.py and run_study.py."""

@@ -70,7 +70,7 @@ METHODS = ("naive", "decoupled", "darl")
 
 @dataclass
 class HarnessConfig:
-    """One run. Defaults: the GRPO recipe of VERL_NOTES (32 prompts x 8, T = 1, <= 32 tokens, Adam 1e-4)."""
+    """One run. Defaults: verl's GRPO example settings (32 prompts x 8, T = 1, <= 32 tokens, Adam 1e-4)."""
 
     method: str = "darl"
     staleness: int = 1
