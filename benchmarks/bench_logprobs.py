@@ -3,7 +3,7 @@
 Without flash-attn, verl's `logprobs_from_logits` (verl/utils/torch_functional.py) calls
 `logprobs_from_logits_v2`, which loops over rows to bound memory: one logsumexp per token. This times
 forward + backward of that and of `logprobs_from_logits_naive` (one log_softmax + gather) on [--tokens, --vocab]
-random logits, in bf16 and fp32 (docs/gpu.md "Measured on an H100").
+random logits, in bf16 and fp32 (docs/performance.md, "Measured on an H100").
 
     python benchmarks/bench_logprobs.py            # on a GPU: 8192 tokens x Qwen3's 151,936-token vocabulary
     python benchmarks/bench_logprobs.py --device cpu --tokens 64 --vocab 1000

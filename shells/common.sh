@@ -17,7 +17,7 @@
 #   ROLLOUT_GPUS      rollout GPUs per node (rollout.n_gpus_per_node) [from the script's name, e.g. 1]
 #   ROLLOUT_TP        vLLM tensor parallel size per replica [1]
 #   GPU_MEMORY_UTILIZATION  vLLM's share of each rollout GPU [0.8; verl's own tests use 0.6-0.8]. The weight
-#                     sync's buffers (up to 3 x WEIGHT_SYNC_BUCKET_MB) live outside it on the same GPU (docs/gpu.md)
+#                     sync's buffers (up to 3 x WEIGHT_SYNC_BUCKET_MB) live outside it on the same GPU (docs/running.md, 'GPU memory')
 #   WEIGHT_SYNC_BUCKET_MB  checkpoint_engine.update_weights_bucket_megabytes [1024; verl's default is 2048]
 #   MAX_TOKENS_PER_GPU  actor.ppo_max_token_len_per_gpu, the tokens of one micro-batch (dynamic batch size);
 #                     the log-prob passes take twice as many [1.7b: 24576; 4b: 16384; at least prompt + response]

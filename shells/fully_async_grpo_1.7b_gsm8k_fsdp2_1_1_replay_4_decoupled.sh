@@ -3,7 +3,7 @@
 # configuration `_decoupled`: decoupled PPO: old log-probs recomputed by the trainer (under the last sync's parameters),
 # token-level truncated IS, C = 2; no replay.
 # Environment variables: shells/common.sh (REQUIRE_BATCHES, SYNC_STEPS, STALENESS_THRESHOLD among them).
-# Never run on a GPU by this project yet (docs/gpu.md).
+# Not yet run on a GPU (docs/running.md, 'What has run where').
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_setup 1.7b gsm8k 1 1

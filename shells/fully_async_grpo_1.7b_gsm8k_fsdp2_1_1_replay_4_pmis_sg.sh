@@ -4,7 +4,7 @@
 # plus least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2;
 # per-prompt replay in the place of groups without advantage (replay.prompt_replay=false turns it off).
 # Environment variables: shells/common.sh (REQUIRE_BATCHES, SYNC_STEPS, STALENESS_THRESHOLD among them).
-# Never run on a GPU by this project yet (docs/gpu.md).
+# Not yet run on a GPU (docs/running.md, 'What has run where').
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_setup 1.7b gsm8k 1 1

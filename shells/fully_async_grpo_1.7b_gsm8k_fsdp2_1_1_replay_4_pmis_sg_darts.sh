@@ -2,7 +2,7 @@
 # Qwen3-1.7B on GSM8K through verl's fully-async pipeline, FSDP2 trainer on 1 GPU, vLLM rollouter on 1 GPU: the
 # preset (as in the `_pmis_sg` script) plus DARTS (docs/darts.md): adaptive redundancy (r_i in [n, 2n], 1.25 n on
 # average, planned per prompt), each group's tail aborted once n finished (L = 0). Variables: shells/common.sh.
-# Never run on a GPU by this project yet (docs/gpu.md).
+# Not yet run on a GPU (docs/running.md, 'What has run where').
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_setup 1.7b gsm8k 1 1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Qwen3-1.7B on GSM8K, FSDP2 trainer on 1 GPU, vLLM rollout on 1 GPU (one-step-off): the preset (as in the `_pmis_sg`
 # script) plus DARTS (docs/darts.md): adaptive redundancy (r_i in [n, 2n], 1.25 n on average), each group's tail aborted
-# once n responses finished (L = 0). Environment variables: shells/common.sh. Never run on a GPU by this project yet.
+# once n responses finished (L = 0). Environment variables: shells/common.sh.
+# Not yet run on a GPU (docs/running.md, 'What has run where').
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_setup 1.7b gsm8k 1 1

@@ -14,7 +14,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 SHELLS = ROOT / "shells"
 VARIANTS = ("async", "decoupled", "pmis_sg")
-# the three configurations `_async`, `_decoupled`, `_pmis_sg` (docs/config.md): the only keys the three may change
+# the only keys the three launch configurations `_async`, `_decoupled`, `_pmis_sg` may change
+# (docs/config.md, 'The three launch configurations')
 CONFIGURATION_KEYS = {
     "algorithm.rollout_correction.bypass_mode",
     "algorithm.rollout_correction.rollout_is",
@@ -102,7 +103,7 @@ def check_key_values(fam, trainer_gpus: int, rollout_gpus: int, dataset: str) ->
         assert arr["hybrid_engine"] is False
         assert rollout["calculate_log_probs"] is True and rollout["free_cache_engine"] is False
         assert rollout["tensor_model_parallel_size"] == 1 and rollout["n"] == 8
-        # vLLM's share, with the weight sync's buffers (up to 3 x 1024 MB) outside it on the same GPU (docs/gpu.md)
+        # vLLM's share, with the weight sync's buffers (up to 3 x 1024 MB) outside it on the same GPU (docs/running.md, 'GPU memory')
         assert rollout["gpu_memory_utilization"] == 0.8
         assert rollout["checkpoint_engine"]["update_weights_bucket_megabytes"] == 1024
         # sdpa when flash_attn cannot be imported (recipe/darl/glue/preflight.py), else verl's flash_attention_2
@@ -124,7 +125,7 @@ def check_key_values(fam, trainer_gpus: int, rollout_gpus: int, dataset: str) ->
         assert cfg["data"]["train_files"] == str(fam.tmp / "data" / dataset / "train.parquet")
         assert cfg["data"]["apply_chat_template_kwargs"] == {"enable_thinking": False}
         assert "rollout_is" not in algo and "rollout_is_threshold" not in algo  # the algorithm.rollout_is* aliases were mapped
-        # the three configurations
+        # the three launch configurations
         if variant == "async":
             assert corr["bypass_mode"] is True and corr["rollout_is"] is None and replay["enable"] is False
         elif variant == "decoupled":

@@ -1,4 +1,4 @@
-"""Launch scripts for Qwen3-4B on MATH: the three configurations compose on CPU (DARL_DRY_RUN=1)."""
+"""Launch scripts for Qwen3-4B on MATH: the three launch configurations compose on CPU (DARL_DRY_RUN=1)."""
 
 FAMILY = "4b_math_fsdp2_2_2"
 

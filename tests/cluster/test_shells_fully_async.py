@@ -1,5 +1,5 @@
 """Fully-async launch scripts (GPU: Qwen3-1.7B GSM8K; CPU: the built-in example) compose on CPU with
-DARL_DRY_RUN=1 through recipe.darl.main_fully_async, and resolve to the three configurations (`_async`, `_decoupled`, `_pmis_sg`)."""
+DARL_DRY_RUN=1 through recipe.darl.main_fully_async, and resolve to the three launch configurations (`_async`, `_decoupled`, `_pmis_sg`)."""
 
 import subprocess
 
@@ -15,7 +15,7 @@ def _configs(scripts, env):
 
 
 @pytest.mark.parametrize("where", ["gpu", "cpu"])
-def test_fully_async_scripts_resolve_to_the_three_configurations(where, tmp_path):
+def test_fully_async_scripts_resolve_to_the_three_launch_configurations(where, tmp_path):
     env = base_env(tmp_path)
     if where == "gpu":
         scripts = [SHELLS / f"fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_{v}.sh" for v in VARIANTS]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipe.darl.core.darts import LengthSpreadEma, DartsConfig, allocate, dual_end_keep, normalise
+from recipe.darl.core.darts import DartsConfig, LengthSpreadEma, allocate, dual_end_keep, normalise
 
 
 def test_normalise_is_darts_min_max_with_plus_one():

@@ -9,7 +9,8 @@ remove-padding, with dynamic batch sizes, and over two data-parallel ranks (torc
 mini-batch cut as verl's Ray dispatch cuts it).
 
 On a GPU, `test_engine_gradient_on_cuda` runs the same mini-batch through the engine on CUDA (NCCL) in fp32
-and in verl's default bf16 mixed precision (skipped without one; docs/gpu.md, 'Measured on an H100', has its figures).
+and in verl's default bf16 mixed precision (skipped without one; docs/performance.md, 'Measured on an H100',
+has its figures).
 
 This process builds the batch (three behavior versions, `pmis` with rescored log-probs, `ess` source
 weights, per-source clip decay) and computes the loss directly, written out
@@ -313,7 +314,7 @@ def _flat(grads: dict) -> torch.Tensor:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run there: pytest -s -k cuda)")
 def test_engine_gradient_on_cuda(setup, reference, tiny_model_path, run_python):
     """The same mini-batch through verl's engine on CUDA: fp32 gives the written-out loss's gradient, bf16 gives it to bf16's
-    precision, for packed, padded and dynamic micro-batches. Prints the errors (docs/gpu.md quotes them)."""
+    precision, for packed, padded and dynamic micro-batches. Prints the errors (docs/performance.md quotes them)."""
     batch_file, out_file = setup["dir"] / "batch_cuda.pt", setup["dir"] / "engine_cuda.pt"
     torch.save({k: v for k, v in setup["batch"].items() if not k.startswith("_")}, batch_file)
     run_python([str(HERE), tiny_model_path, str(batch_file), str(out_file), "cuda"], platform=None, timeout=600)

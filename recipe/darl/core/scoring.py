@@ -1,4 +1,5 @@
-"""Variance-guided chi-square score of candidate samples and groups (docs/algorithm.md, 'The first design').
+"""Variance-guided chi-square score of candidate samples and groups, the first design
+(docs/algorithm.md, 'The first design: the chi2 score').
 
 chi2(pi || mu) = Var_mu(pi / mu): the importance weight's variance, which an importance-sampled
 gradient's variance grows with. A low score means the sample is distribution-matched.

@@ -29,7 +29,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopW
 from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncAgentLoopManager
 from verl.utils.ray_utils import auto_await
 
-from ..core.darts import LengthSpreadEma, DartsConfig, allocate, dual_end_keep
+from ..core.darts import DartsConfig, LengthSpreadEma, allocate, dual_end_keep
 
 GROUP, EXTRA = "darts_group", "darts_extra"  # planning columns, removed before the trainer sees the batch
 COUNTS = ("darts_generated", "darts_aborted", "darts_dropped")  # per kept row: its part's totals / its rows

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import ray
 
 from ..core.darts import DartsConfig
-from .darts_rollout import install_in_rollouter, darts_config
+from .darts_rollout import darts_config, install_in_rollouter
 from .fault_files import read_checked, write_checked
 
 DARTS_FILE = "darts_state.pt"

@@ -54,7 +54,7 @@ def select_attention(cfg: DictConfig, importable: Callable[[], bool] = flash_att
     if chosen is not None:
         if chosen == "flash_attention_2" and not importable():
             return (f"[D-ARL] warning: {ATTN_KEY}=flash_attention_2 was set, but flash_attn cannot be imported: "
-                    "the trainer's workers will fail to load the model (docs/gpu.md, 'Install')")
+                    "the trainer's workers will fail to load the model (docs/install.md, 'GPU machine')")
         return None
     if importable():
         return None
@@ -63,9 +63,9 @@ def select_attention(cfg: DictConfig, importable: Callable[[], bool] = flash_att
             model.override_config = {}
         model.override_config.attn_implementation = FALLBACK_ATTN
     return (f"[D-ARL] flash_attn cannot be imported: using attn_implementation={FALLBACK_ATTN} for the trainer "
-            f"(install flash-attn==2.8.3, docs/gpu.md, 'Install', or set ++{ATTN_KEY}=... to choose); without it verl "
-            "also computes log-probs one token at a time: 0.75 s instead of 0.007 s per 8192 tokens on an H100 "
-            "(docs/gpu.md, 'Measured on an H100')")
+            f"(install flash-attn==2.8.3, docs/install.md, 'GPU machine', or set ++{ATTN_KEY}=... to choose); "
+            "without it verl also computes log-probs one token at a time: 0.75 s instead of 0.007 s per 8192 tokens "
+            "on an H100 (docs/performance.md, 'Measured on an H100')")
 
 
 def wandb_credentials_found(env: Mapping[str, str] | None = None, home: str | None = None) -> bool:

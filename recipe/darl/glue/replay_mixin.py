@@ -1,4 +1,4 @@
-"""The D-ARL replay step, shared by the one-step-off and the fully-async trainer (docs/trainer.md).
+"""The D-ARL replay step, shared by the one-step-off and the fully-async trainer (docs/algorithm.md, 'The replay step').
 
     fresh batch (version v) -> reward -> merge with buffered candidates -> old_log_prob recompute
     -> record -> select whole groups -> advantages on the selected groups
