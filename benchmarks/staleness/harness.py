@@ -88,7 +88,7 @@ class HarnessConfig:
     threshold: float = 2.0  # rollout_is_threshold C (decoupled, darl)
     minibatches: int = 1  # optimizer mini-batches per pass
     epochs: int = 1  # passes over the step's batch (verl's ppo_epochs); 2 with decoupled: the equal-update baseline
-    # D-ARL (method "darl"); the defaults are the seed's `_pmis_sg` configuration
+    # D-ARL (method "darl"); the defaults are the `_pmis_sg` launch configuration's, with per-prompt replay off
     k: int = 4
     warmup: int = 5
     pmis: bool = True
@@ -110,8 +110,8 @@ class HarnessConfig:
     pool_size: int = 256  # the scarce task's prompt pool
     success: Any = False  # replay.success: correct responses kept per prompt (success replay); False: off
     success_max_age: Optional[int] = None
-    # replay.prompt_replay: responses kept per prompt (per-prompt replay, RePO); False: off. Off here unless a method
-    # sets it, where the trainers' null follows the preset (16): the study's `darl` keeps its archived meaning
+    # replay.prompt_replay: responses kept per prompt (per-prompt replay); False: off. Off here unless a configuration
+    # sets it (run_study's `darl` sets 16 and zero_adv, as the trainers' preset resolves them)
     prompt_replay: Any = False
     prompt_replay_budget: str = "extra"  # replay.prompt_replay_budget: history groups on top (extra) or in the replay budget (shared)
     prompt_replay_norm: str = "split"  # replay.prompt_replay_norm: history advantages alone (split) or over 2n (mixed)
