@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.staleness.run_study import load_results
-from benchmarks.staleness.targets import headline, table
+from benchmarks.staleness.pipeline_report import load_runs
+from benchmarks.staleness.targets import headline, pipeline_headline, pipeline_table, table
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -62,6 +63,11 @@ def test_headline_tables_are_the_archives():
         assert line in evidence, line
     s4 = [line for line in body if line.startswith("| 4 |")]
     assert s4 and all(line in readme for line in s4)
+    pipe = pipeline_table(pipeline_headline(load_runs(ROOT / "docs" / "evidence" / "pipeline_scarce" / "results.jsonl.gz")))
+    against_decoupled = [line for line in pipe.splitlines()[2:] if "| decoupled |" in line]
+    assert len(against_decoupled) == 2  # one-step-off and fully-async
+    for line in against_decoupled:
+        assert line in evidence and line in readme, line
 
 
 def test_core_example_runs_as_written():

@@ -1,6 +1,7 @@
 """The headline table of docs/evidence.md: the preset against each baseline, paired over seeds, target met or missed.
 
     python -m benchmarks.staleness.targets docs/evidence/scarce [--out FILE]
+    python -m benchmarks.staleness.targets --pipeline docs/evidence/pipeline_scarce    # through verl's trainers
 
 For every staleness s and baseline that ran beside the preset (`darl`): the seeds both have, each method's final
 accuracy (mean ± std), the preset minus the baseline in points with its 95% interval (Student's t over the paired
@@ -61,13 +62,55 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+PIPELINE_PRESET, PIPELINE_BASELINES = "pmis_sg", ("decoupled", "async", "gates_only", "pmis_sg_no_prompt")
+
+
+def pipeline_headline(runs: list[dict[str, Any]], samples_per_step: int = 128) -> list[dict[str, Any]]:
+    """The same rows through verl's trainers (pipeline_check.sh runs): one per trainer and baseline."""
+    from benchmarks.staleness.pipeline_report import as_result
+
+    cells: dict[tuple[str, str], dict[int, float]] = {}
+    for run in runs:
+        r = as_result(run, samples_per_step)
+        cells.setdefault((r["trainer"], r["config"]), {})[r["seed"]] = r["final_accuracy"]
+    rows = []
+    for trainer in sorted({t for t, c in cells if c == PIPELINE_PRESET}):
+        preset = cells[(trainer, PIPELINE_PRESET)]
+        for base in PIPELINE_BASELINES:
+            other = cells.get((trainer, base), {})
+            diff = paired(preset, other)
+            if diff.n == 0:
+                continue
+            seeds = sorted(set(preset) & set(other))
+            verdict = "met" if diff.supported else ("within noise" if diff.n > 1 and diff.mean > 0 else "missed")
+            rows.append({"trainer": trainer, "baseline": base, "seeds": diff.n, "diff": diff, "verdict": verdict,
+                         "preset": _mean_std([preset[x] for x in seeds]),
+                         "other": _mean_std([other[x] for x in seeds])})
+    return rows
+
+
+def pipeline_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| trainer | baseline | paired seeds | preset final | baseline final | preset minus baseline, points "
+             "[95% interval], seeds above | interval above 0 |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['trainer']} | {r['baseline']} | {r['seeds']} | {r['preset']} | {r['other']} | {r['diff'].points()} | "
+              f"{'yes' if r['verdict'] == 'met' else '**no**'} ({r['verdict']}) |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("study", type=Path, help="a study folder with results.jsonl or results.jsonl.gz")
+    p.add_argument("--pipeline", action="store_true", help="the study is pipeline_check.sh's (its results.jsonl.gz)")
     p.add_argument("--min-seeds", type=int, default=1)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    text = table(headline(load_results(args.study / "results.jsonl"), args.min_seeds))
+    if args.pipeline:
+        from benchmarks.staleness.pipeline_report import load_runs
+
+        source = args.study / "results.jsonl.gz" if (args.study / "results.jsonl.gz").exists() else args.study
+        text = pipeline_table(pipeline_headline(load_runs(source)))
+    else:
+        text = table(headline(load_results(args.study / "results.jsonl"), args.min_seeds))
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -131,3 +131,16 @@ def test_pipeline_check_rejects_unknown_names(tmp_path, env, message):
                             env={**os.environ, **env, "SEEDS": "0"}, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_pipeline_headline_by_hand(tmp_path):
+    """The preset minus decoupled over seeds 0-1: +10 and +6 points -> +8.0, s.e. 2.0, x t_0.975,1 = 12.706:
+    [-17.4, +33.4], both seeds above; within noise, so the target reads 'no'."""
+    from benchmarks.staleness.targets import pipeline_headline, pipeline_table
+
+    _write_runs(tmp_path / "runs")
+    rows = {r["baseline"]: r for r in pipeline_headline(load_runs(tmp_path / "runs"), samples_per_step=100)}
+    assert set(rows) == {"decoupled", "gates_only"}  # baselines that did not run are left out
+    assert rows["decoupled"]["diff"].points() == "+8.0 [-17.4, +33.4], 2 of 2 above"
+    assert rows["decoupled"]["verdict"] == "within noise" and rows["decoupled"]["preset"] == "0.430 ± 0.099"
+    assert "| one_step_off | decoupled | 2 | 0.430 ± 0.099 | 0.350 ± 0.071 |" in pipeline_table(list(rows.values()))
