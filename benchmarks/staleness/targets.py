@@ -35,29 +35,29 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
 
 
+def compare(preset: dict[int, float], other: dict[int, float], **label: Any) -> dict[str, Any]:
+    """One row: the label, paired seeds, both finals over those seeds, the difference and its verdict."""
+    diff = paired(preset, other)
+    seeds = sorted(set(preset) & set(other))
+    verdict = "met" if diff.supported else ("within noise" if diff.n > 1 and diff.mean > 0 else "missed")
+    return {**label, "seeds": diff.n, "diff": diff, "verdict": verdict,
+            "preset": _mean_std([preset[x] for x in seeds]) if seeds else "-",
+            "other": _mean_std([other[x] for x in seeds]) if seeds else "-"}
+
+
 def headline(results: list[dict[str, Any]], min_seeds: int = 1) -> list[dict[str, Any]]:
     """One row per (s, baseline) with at least `min_seeds` paired seeds."""
     cells = finals(results)
-    rows = []
-    for s in sorted({s for s, m in cells if m == PRESET}):
-        preset = cells[(s, PRESET)]
-        for base in BASELINES:
-            other = cells.get((0 if base == "sync" else s, base), {})
-            diff = paired(preset, other)
-            if diff.n < min_seeds:
-                continue
-            seeds = sorted(set(preset) & set(other))
-            verdict = "met" if diff.supported else ("within noise" if diff.n > 1 and diff.mean > 0 else "missed")
-            rows.append({"s": s, "baseline": base, "seeds": diff.n, "diff": diff, "verdict": verdict,
-                         "preset": _mean_std([preset[x] for x in seeds]),
-                         "other": _mean_std([other[x] for x in seeds])})
-    return rows
+    rows = [compare(cells[(s, PRESET)], cells.get((0 if base == "sync" else s, base), {}), s=s, baseline=base)
+            for s in sorted({s for s, m in cells if m == PRESET}) for base in BASELINES]
+    return [r for r in rows if r["seeds"] >= max(min_seeds, 1)]
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| s | baseline | paired seeds | preset final | baseline final | preset minus baseline, points [95% interval], "
-             "seeds above | interval above 0 |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['s']} | {r['baseline']} | {r['seeds']} | {r['preset']} | {r['other']} | {r['diff'].points()} | "
+def table(rows: list[dict[str, Any]], first: str = "s") -> str:
+    """Markdown; `first` names the key of the first column (s, or trainer)."""
+    lines = [f"| {first} | baseline | paired seeds | preset final | baseline final | preset minus baseline, points "
+             "[95% interval], seeds above | interval above 0 |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r[first]} | {r['baseline']} | {r['seeds']} | {r['preset']} | {r['other']} | {r['diff'].points()} | "
               f"{'yes' if r['verdict'] == 'met' else '**no**'} ({r['verdict']}) |" for r in rows]
     return "\n".join(lines) + "\n"
 
@@ -73,28 +73,13 @@ def pipeline_headline(runs: list[dict[str, Any]], samples_per_step: int = 128) -
     for run in runs:
         r = as_result(run, samples_per_step)
         cells.setdefault((r["trainer"], r["config"]), {})[r["seed"]] = r["final_accuracy"]
-    rows = []
-    for trainer in sorted({t for t, c in cells if c == PIPELINE_PRESET}):
-        preset = cells[(trainer, PIPELINE_PRESET)]
-        for base in PIPELINE_BASELINES:
-            other = cells.get((trainer, base), {})
-            diff = paired(preset, other)
-            if diff.n == 0:
-                continue
-            seeds = sorted(set(preset) & set(other))
-            verdict = "met" if diff.supported else ("within noise" if diff.n > 1 and diff.mean > 0 else "missed")
-            rows.append({"trainer": trainer, "baseline": base, "seeds": diff.n, "diff": diff, "verdict": verdict,
-                         "preset": _mean_std([preset[x] for x in seeds]),
-                         "other": _mean_std([other[x] for x in seeds])})
-    return rows
+    rows = [compare(cells[(t, PIPELINE_PRESET)], cells.get((t, base), {}), trainer=t, baseline=base)
+            for t in sorted({t for t, c in cells if c == PIPELINE_PRESET}) for base in PIPELINE_BASELINES]
+    return [r for r in rows if r["seeds"] > 0]
 
 
 def pipeline_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| trainer | baseline | paired seeds | preset final | baseline final | preset minus baseline, points "
-             "[95% interval], seeds above | interval above 0 |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['trainer']} | {r['baseline']} | {r['seeds']} | {r['preset']} | {r['other']} | {r['diff'].points()} | "
-              f"{'yes' if r['verdict'] == 'met' else '**no**'} ({r['verdict']}) |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return table(rows, first="trainer")
 
 
 def main(argv=None) -> int:
