@@ -55,9 +55,11 @@ def test_readme_shape():
 
 def test_headline_tables_are_the_archives():
     """The headline rows in README and docs/evidence.md are what targets.py computes from the archived runs."""
-    rows = table(headline(load_results(ROOT / "docs" / "evidence" / "scarce" / "results.jsonl"), min_seeds=12))
+    rows = table(headline(load_results(ROOT / "docs" / "evidence" / "scarce" / "results.jsonl")))
     body = [line for line in rows.splitlines()[2:]]
-    assert len(body) >= 6, rows  # every baseline at s = 4, decoupled at s = 1 and 8
+    # the headline's cells hold 12 paired seeds: the preset against decoupled PPO at s = 1, 4 and 8, gates_only at 4
+    for cell in ("| 1 | decoupled | 12 |", "| 4 | decoupled | 12 |", "| 8 | decoupled | 12 |", "| 4 | gates_only | 12 |"):
+        assert any(line.startswith(cell) for line in body), (cell, rows)
     evidence, readme = (ROOT / "docs" / "evidence.md").read_text(), README.read_text()
     for line in body:
         assert line in evidence, line
