@@ -209,7 +209,8 @@ def _plots(by_cell, stalenesses, methods, out: Path) -> None:
             runs = by_cell.get((cell_staleness(m, s) if m in METHODS else s, m), [])
             if runs:
                 x, mean, std = _curve(runs, axis)
-                (line,) = ax.plot(x, mean, label=f"{m} (n={len(runs)})")
+                style = {"color": "black", "lw": 2.2} if m == "darl" else {}  # the preset stands out
+                (line,) = ax.plot(x, mean, label=f"{m} (n={len(runs)})", **style)
                 ax.fill_between(x, mean - std, mean + std, alpha=0.15, color=line.get_color())
         ax.set_ylabel("greedy validation accuracy")
         ax.grid(alpha=0.3)
@@ -218,7 +219,10 @@ def _plots(by_cell, stalenesses, methods, out: Path) -> None:
     for s in [s for s in stalenesses if s > 0]:  # sync (s = 0) is drawn in every staleness's figure
         for axis in ("samples", "wall"):
             fig, ax = plt.subplots(figsize=(6, 4))
-            curves(ax, s, [m for m in MAIN_METHODS if m in methods], axis)
+            main = [m for m in MAIN_METHODS if m in methods]
+            if "darl" in main:  # the preset's study: earlier presets stay in ablations_s{S}.png
+                main = [m for m in main if m not in ("darl_v1", "darl_v2")]
+            curves(ax, s, main, axis)
             ax.set_xlabel("generated samples" if axis == "samples" else "wall time, generation + training (s)")
             ax.set_title(f"staleness s = {s} (mean ± std over seeds)")
             fig.tight_layout()
