@@ -19,7 +19,9 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 # ("session" alone stays allowed: a process session, as in os.setsid)
 NARRATION = re.compile(r"\b((first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|this|that|earlier|later|"
                        r"previous|next|same|each|one|two|another|morning|evening|review) sessions?|sessions? \d|"
-                       r"issues? #?\d+|seen once|fresh clone of|DESIGN\.md|VERL_NOTES)\b", re.IGNORECASE)
+                       r"issues? #?\d+|seen once|fresh clone of)\b", re.IGNORECASE)
+# an upper-case markdown file a page cites (README.md, CHANGELOG.md, ...) must be one this repository holds
+CITED_FILE = re.compile(r"\b([A-Z][A-Z_]{2,}\.md)\b")
 PRODUCT_FILES = [README, ROOT / "CHANGELOG.md", *DOCS,
                  *(p for d in ("recipe", "shells", "benchmarks") for p in (ROOT / d).rglob("*")
                    if p.suffix in (".py", ".sh", ".yaml", ".md") and p.is_file())]
@@ -31,8 +33,16 @@ def test_no_page_or_module_narrates_development():
     assert not found, "\n".join(found)
 
 
+def test_every_cited_markdown_file_exists():
+    held = {p.name for p in ROOT.rglob("*.md") if ".venv" not in p.parts and ".git" not in p.parts}
+    missing = [f"{p.relative_to(ROOT)}: {name}" for p in PRODUCT_FILES for name in CITED_FILE.findall(p.read_text())
+               if name not in held]
+    assert not missing, "\n".join(missing)
+
+
 def test_the_check_finds_narration():
-    assert NARRATION.search("measured in the ninth session") and NARRATION.search("see DESIGN.md section 3")
+    assert NARRATION.search("measured in the ninth session")
+    assert CITED_FILE.findall("see PLAN.md section 3 and README.md") == ["PLAN.md", "README.md"]
     assert NARRATION.search("fixed in issue 15") and not NARRATION.search("the group-replay preset's issue")
     assert not NARRATION.search("the program runs in a new session") and NARRATION.search("sessions 1-8")
 
