@@ -120,7 +120,7 @@ def losses(args) -> dict:
     from verl.workers.config import FSDPActorConfig
     from verl.workers.utils.losses import ppo_loss
 
-    from recipe.darl.glue.actor_loss import darl_loss
+    from recipe.darl.workers.actor_loss import darl_loss
 
     actor = FSDPActorConfig(strategy="fsdp2", ppo_mini_batch_size=args.prompts, rollout_n=args.n, use_dynamic_bsz=True,
                             ppo_max_token_len_per_gpu=args.max_tokens,

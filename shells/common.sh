@@ -42,7 +42,7 @@
 #   DARL_PRINT_CMD    1: print the command instead of running it
 
 # True when wandb can log in without asking: WANDB_API_KEY, or a key for its host in the netrc file `wandb login`
-# writes (the same test as recipe/darl/glue/preflight.py, which refuses a wandb logger without them).
+# writes (the same test as recipe/darl/checks/preflight.py, which refuses a wandb logger without them).
 darl_wandb_configured() {
     [[ -n "${WANDB_API_KEY:-}" ]] && return 0
     local host="${WANDB_BASE_URL:-https://api.wandb.ai}"

@@ -11,5 +11,5 @@ def test_the_last_json_object_is_read_past_a_log_line_written_onto_its_line():
     # a log line without its newline before the object; a line with braces that is not JSON after it
     assert last_json_object('(pid=2) INFO x{"b": {"c": 2}}\n{not json}\n') == {"b": {"c": 2}}
     assert last_json_object("no result\n") is None
-    # a script whose result is the empty object (tests/glue/test_dp_update.py prints "{}"), after a log line with braces
+    # a script whose result is the empty object (tests/workers/test_dp_update.py prints "{}"), after a log line with braces
     assert last_json_object("(pid=3) INFO {not json}\n{}\n(pid=3) INFO done\n") == {}

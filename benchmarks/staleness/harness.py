@@ -7,7 +7,7 @@ model's logits at the sampling temperature, as a rollout engine returns them), a
 stamped with version t - s.
 
 Nothing of the algorithm is re-implemented here: the step calls the same `recipe.darl.core`
-functions the verl trainers call (`recipe/darl/glue/replay_mixin.py`), in the same order:
+functions the verl trainers call (`recipe/darl/trainers/replay_mixin.py`), in the same order:
 
     fresh groups (Group.from_padded) -> ReplayBuffer.begin_step -> recompute pi_old over all
     candidates and Group.record -> sample_chi2 / group_scores -> select_groups -> GRPO advantages

@@ -17,9 +17,9 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from .glue.config_check import validate_or_raise
-from .glue.graceful_stop import install_stop_signal
-from .glue.preflight import preflight
+from recipe.darl.checks.config_check import validate_or_raise
+from recipe.darl.robustness.stop_request import install_stop_signal
+from recipe.darl.checks.preflight import preflight
 
 PLUS_KEYS = ("+replay.", "+algorithm.rollout_is=", "+algorithm.rollout_is_threshold=")
 
@@ -90,7 +90,7 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
 def run_or_print(config: DictConfig, task_runner_class) -> None:
     """verl's run_ppo with the given task runner, or, with DARL_DRY_RUN set, the resolved config only. SIGUSR1
-    to this process asks the trainer to save and end at its next step boundary (glue/graceful_stop.py)."""
+    to this process asks the trainer to save and end at its next step boundary (robustness/stop_request.py)."""
     from verl.trainer.main_ppo import run_ppo
 
     if os.environ.get("DARL_DRY_RUN"):

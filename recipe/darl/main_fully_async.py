@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from .glue.config_check import fully_async_findings
+from recipe.darl.checks.config_check import fully_async_findings
 from .main_darl import prepare_config, rewrite_plus_overrides, run_or_print
 
 

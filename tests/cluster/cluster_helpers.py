@@ -31,7 +31,7 @@ WANDB_VARS = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "NETRC")
 
 
 def flash_attn_importable() -> bool:
-    from recipe.darl.glue.preflight import flash_attn_importable as importable
+    from recipe.darl.checks.preflight import flash_attn_importable as importable
 
     return importable()
 
@@ -106,7 +106,7 @@ def check_key_values(fam, trainer_gpus: int, rollout_gpus: int, dataset: str) ->
         # vLLM's share, with the weight sync's buffers (up to 3 x 1024 MB) outside it on the same GPU (docs/running.md, 'GPU memory')
         assert rollout["gpu_memory_utilization"] == 0.8
         assert rollout["checkpoint_engine"]["update_weights_bucket_megabytes"] == 1024
-        # sdpa when flash_attn cannot be imported (recipe/darl/glue/preflight.py), else verl's flash_attention_2
+        # sdpa when flash_attn cannot be imported (recipe/darl/checks/preflight.py), else verl's flash_attention_2
         attn = (arr["model"].get("override_config") or {}).get("attn_implementation")
         assert attn == (None if flash_attn_importable() else "sdpa")
         assert trainer["n_gpus_per_node"] == trainer_gpus and trainer["nnodes"] == 1

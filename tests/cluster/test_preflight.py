@@ -1,4 +1,4 @@
-"""Before Ray starts (recipe/darl/glue/preflight.py): the sdpa fallback when flash_attn cannot be
+"""Before Ray starts (recipe/darl/checks/preflight.py): the sdpa fallback when flash_attn cannot be
 imported, and the refusal of a wandb logger without wandb credentials; both through the launch scripts too."""
 
 import shlex
@@ -9,8 +9,8 @@ import pytest
 from cluster_helpers import SHELLS, base_env, flash_attn_importable, parse_dry_run
 from hydra import compose, initialize_config_module
 
-from recipe.darl.glue import preflight
-from recipe.darl.glue.preflight import logger_problems, select_attention, wandb_credentials_found
+from recipe.darl.checks import preflight
+from recipe.darl.checks.preflight import logger_problems, select_attention, wandb_credentials_found
 
 PMIS_17B = SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
 FA_PMIS = SHELLS / "fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"

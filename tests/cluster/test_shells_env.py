@@ -102,6 +102,6 @@ def test_darts_variants_compose_with_rollout_shaping(tmp_path):
     for cfg in (one_step_off, fully_async):
         assert cfg["rollout_shaping"]["enable"] is True and cfg["rollout_shaping"]["adaptive"] is True
         assert cfg["replay"]["enable"] is True
-    manager = "recipe.darl.glue.darts_rollout.DartsAgentLoopManager"
+    manager = "recipe.darl.workers.darts_rollout.DartsAgentLoopManager"
     assert one_step_off["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] == manager
     assert fully_async["actor_rollout_ref"]["rollout"]["agent"].get("agent_loop_manager_class") is None

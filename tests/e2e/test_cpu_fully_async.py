@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.darl.glue.fault_files import read_checked
+from recipe.darl.robustness.checkpoint_files import read_checked
 from e2e_helpers import RANKS, assert_sharded, assert_trained, build_inputs, read_log, run_script, updates
 
 REPO = Path(__file__).resolve().parents[2]

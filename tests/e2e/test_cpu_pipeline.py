@@ -1,7 +1,7 @@
 """The whole pipeline on CPU through Ray: the FSDP2 trainer on two ranks over gloo, hf rollout server, weight sync
 from two ranks every step, replay K = 3 with pmis, sharded checkpoints, and a run resumed from one. An untrained tiny
 model with a dense reward (share of digits in the response), so groups have non-zero advantages from the first step.
-That the two-rank update equals the single-rank one on the same batch: tests/glue/test_dp_update.py."""
+That the two-rank update equals the single-rank one on the same batch: tests/workers/test_dp_update.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.darl.glue.fault_files import read_checked
+from recipe.darl.robustness.checkpoint_files import read_checked
 from e2e_helpers import K, RANKS, assert_sharded, assert_trained, build_inputs, read_log, run_script, updates
 
 REPO = Path(__file__).resolve().parents[2]

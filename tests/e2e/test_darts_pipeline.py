@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from e2e_helpers import build_inputs, read_log, run_script
-from recipe.darl.glue.fault_files import read_checked
+from recipe.darl.robustness.checkpoint_files import read_checked
 
 REPO = Path(__file__).resolve().parents[2]
 SHELLS = REPO / "shells" / "cpu"

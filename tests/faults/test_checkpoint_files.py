@@ -1,4 +1,4 @@
-"""Torn checkpoint files are never loaded (recipe/darl/glue/fault_files.py, docs/faults.md).
+"""Torn checkpoint files are never loaded (recipe/darl/robustness/checkpoint_files.py, docs/faults.md).
 
 Each file-level case is checked by hand: the header is recomputed here with hashlib, files are cut or bit-flipped
 at chosen offsets, and a real SIGKILL lands inside an atomic write in a forked child.
@@ -17,8 +17,8 @@ import textwrap
 import pytest
 import torch
 
-from recipe.darl.glue import fault_files as ff
-from recipe.darl.glue import fault_inject as fi
+from recipe.darl.robustness import checkpoint_files as ff
+from recipe.darl import probes as fi
 
 
 def _payload(obj) -> bytes:
@@ -167,7 +167,7 @@ def test_verify_cli_names_the_torn_file(tmp_path):
     data = (folder / "darl_queue.pt").read_bytes()
     (folder / "darl_queue.pt").write_bytes(data[:-3])
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "recipe.darl.glue.fault_files", str(folder)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "recipe.darl.robustness.checkpoint_files", str(folder)], capture_output=True,
                           text=True, env=env)
     assert done.returncode == 1
     assert f"{folder}/darl_replay.pt: ok" in done.stdout and f"{folder}/darl_queue.pt: checkpoint file" in done.stdout
@@ -195,7 +195,7 @@ def test_the_hook_does_nothing_unless_armed(monkeypatch):
 def test_the_armed_hook_writes_the_marker_and_kills_its_process(tmp_path):
     marker = tmp_path / "marker"
     code = textwrap.dedent("""
-        from recipe.darl.glue.fault_inject import fault_point
+        from recipe.darl.probes import fault_point
         fault_point("update", 2)  # not armed: goes on
         print("passed step 2", flush=True)
         fault_point("update", 3)
@@ -211,7 +211,7 @@ def test_the_armed_hook_writes_the_marker_and_kills_its_process(tmp_path):
 def test_the_hook_kills_the_group_named_by_darl_fault_pgid(tmp_path):
     code = textwrap.dedent("""
         import os, subprocess, sys, time
-        from recipe.darl.glue.fault_inject import fault_point
+        from recipe.darl.probes import fault_point
         sleeper = subprocess.Popen(["sleep", "60"])
         open(sys.argv[1], "w").write(str(sleeper.pid))
         os.environ["DARL_FAULT_PGID"] = str(os.getpgrp())

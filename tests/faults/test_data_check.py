@@ -1,4 +1,4 @@
-"""Bad rows refused before Ray, each named by file, row and field (recipe/darl/glue/data_check.py)."""
+"""Bad rows refused before Ray, each named by file, row and field (recipe/darl/checks/data_check.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipe.darl.example.arithmetic import make_problems, records, write_parquet
-from recipe.darl.glue.data_check import data_problems
+from recipe.darl.checks.data_check import data_problems
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -23,7 +23,7 @@ import re
 import pytest
 
 from kill_helpers import ONE_STEP_OFF, Launch, build_inputs, launch
-from recipe.darl.glue.fault_files import read_checked
+from recipe.darl.robustness.checkpoint_files import read_checked
 
 STEPS = 5
 FULL = os.environ.get("DARL_FAULT_FULL") == "1"

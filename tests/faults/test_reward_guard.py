@@ -1,4 +1,4 @@
-"""A reward that raises, hangs or returns NaN (recipe/darl/glue/fault_reward.py), through verl's own naive reward
+"""A reward that raises, hangs or returns NaN (recipe/darl/robustness/reward_guard.py), through verl's own naive reward
 manager's `run_single` on a one-sample DataProto."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 from verl import DataProto
 
-from recipe.darl.glue import fault_reward as fw
+from recipe.darl.robustness import reward_guard as fw
 
 
 class Tokenizer:

@@ -1,4 +1,4 @@
-"""`guard_generation` (recipe/darl/glue/fault_rollout.py) with stand-in server handles: a dead server and a hung
+"""`guard_generation` (recipe/darl/robustness/rollout_watch.py) with stand-in server handles: a dead server and a hung
 generation become a `RolloutServerError` naming the step and each server's state; other errors pass through.
 The real thing (a killed, a frozen hf server through Ray) is in test_kill_resume.py."""
 
@@ -13,7 +13,7 @@ import pytest
 import ray.exceptions
 from omegaconf import OmegaConf
 
-from recipe.darl.glue import fault_rollout as fr
+from recipe.darl.robustness import rollout_watch as fr
 
 
 class Handle:
@@ -99,7 +99,7 @@ def test_the_timeout_key():
 
 
 def test_the_config_check_refuses_a_bad_timeout(compose_config):
-    from recipe.darl.glue.config_check import check_config
+    from recipe.darl.checks.config_check import check_config
 
     assert not [p for p in check_config(compose_config()) if "faults" in p]
     assert any("faults.generation_timeout_s must be null" in p

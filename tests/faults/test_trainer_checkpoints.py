@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from recipe.darl.glue import fault_files as ff
-from recipe.darl.glue import fault_inject as fi
+from recipe.darl.robustness import checkpoint_files as ff
+from recipe.darl import probes as fi
 from recipe.darl.trainers.one_step_off import BUFFER_FILE
 
 

@@ -3,7 +3,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.darl.glue.config_check import ConfigError, apply_compat_aliases, check_config, validate_or_raise
+from recipe.darl.checks.config_check import ConfigError, apply_compat_aliases, check_config, validate_or_raise
 from recipe.darl.main_darl import rewrite_plus_overrides
 
 REPLAY_ON = ("replay.enable=true", "algorithm.rollout_correction.bypass_mode=false")
@@ -108,7 +108,7 @@ def test_rollout_is_alias_means_decoupled_unless_bypass_was_set(compose_config):
 def test_rollout_shaping_composes_and_installs_darts_manager(compose_config):
     cfg = compose_config("rollout_shaping.enable=true", "rollout_shaping.adaptive=true")
     assert problems(cfg) == []
-    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == "recipe.darl.glue.darts_rollout.DartsAgentLoopManager"
+    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == "recipe.darl.workers.darts_rollout.DartsAgentLoopManager"
     off = compose_config()
     assert problems(off) == [] and off.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class") is None
 

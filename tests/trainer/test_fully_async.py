@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from ray import cloudpickle
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from recipe.darl.glue.config_check import apply_compat_aliases, check_config, fully_async_findings, validate_or_raise
+from recipe.darl.checks.config_check import apply_compat_aliases, check_config, fully_async_findings, validate_or_raise
 from recipe.darl.core import ReplayBuffer, ReplayConfig
 from recipe.darl.trainers.fully_async_runner import DarlFullyAsyncTaskRunner
 from recipe.darl.trainers.fully_async import DarlFullyAsyncTrainer, DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase

@@ -1,4 +1,4 @@
-"""The stop request (recipe/darl/glue/graceful_stop.py) without Ray: SIGUSR1 writes it; DarlTrainer saves at the step
+"""The stop request (recipe/darl/robustness/stop_request.py) without Ray: SIGUSR1 writes it; DarlTrainer saves at the step
 boundary, sets verl's is_last_step and removes it; the fully-async trainer saves at the next weight sync, ends
 verl's fit and then the rollouter's (verl's own rollouter code, run on one event loop with stand-ins); a request
 left by an earlier job is removed once the resume has run. run.sh's part is in tests/cluster/test_run_sh.py."""
@@ -18,7 +18,7 @@ from verl.experimental.fully_async_policy import fully_async_rollouter
 from verl.experimental.fully_async_policy.message_queue import MessageQueue
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
-from recipe.darl.glue.graceful_stop import STOP_FILE, install_stop_signal
+from recipe.darl.robustness.stop_request import STOP_FILE, install_stop_signal
 from recipe.darl.trainers import fully_async as fa
 from recipe.darl.trainers.one_step_off import BUFFER_FILE
 

@@ -8,7 +8,7 @@ from verl.protocol import BatchData
 from verl.utils import tensordict_utils as tu
 
 from recipe.darl.core import ReplayConfig, batch_weights
-from recipe.darl.glue.replay_step import batch_from_groups, groups_from_batch, loss_inputs, minibatch_index
+from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, minibatch_index
 
 
 def test_groups_round_trip_to_the_same_verl_batch(batch_maker):

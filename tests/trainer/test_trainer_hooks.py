@@ -3,7 +3,7 @@
 The actor worker group is replaced by a stand-in whose old-log-prob forward returns chosen values
 (so every chi2 score is known by hand) and whose update records the batch it was given; verl's
 reward extraction, rollout correction, GRPO advantages and checkpoint logic run as shipped.
-The loss inside the real FSDP2 engine is tested in tests/glue.
+The loss inside the real FSDP2 engine is tested in tests/workers.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl import DataProto
 
-from recipe.darl.glue.config_check import validate_or_raise
+from recipe.darl.checks.config_check import validate_or_raise
 from recipe.darl.core import ReplayBuffer, ReplayConfig
 from recipe.darl.trainers.one_step_off import BUFFER_FILE, DarlTrainer
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recipe.darl.glue.fault_files import read_checked
+from recipe.darl.robustness.checkpoint_files import read_checked
 
 STEP_DIR = re.compile(r"global_step_(\d+)$")
 

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 from e2e_helpers import K, build_inputs, read_log, run_script  # noqa: E402
 
-from recipe.darl.glue.fault_files import read_checked  # noqa: E402
+from recipe.darl.robustness.checkpoint_files import read_checked  # noqa: E402
 
 SCRIPTS = {"one_step_off": REPO / "shells" / "cpu" / "one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh",
            "fully_async": REPO / "shells" / "cpu" / "fully_async_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"}

@@ -1,6 +1,6 @@
 """D-ARL core: replay buffer, variance-guided selection and the multi-behavior loss.
 
-Plain PyTorch: no Ray, no verl workers or trainer. The verl glue and the tests call these.
+Plain PyTorch: no Ray, no verl workers or trainer. The trainers, the tests and the study call these.
 """
 
 from .buffer import EvictionStats, Group, ReplayBuffer, StepCandidates, gather_recorded

@@ -26,7 +26,7 @@ restores the buffer and puts the saved samples back in the queue before the roll
 trained first. Samples still being generated at the checkpoint are lost, as in verl: their prompts were
 already drawn, and the restored dataloader resumes after them.
 
-Stop request (glue/graceful_stop.py): at the next weight sync the trainer saves, logs the step, and ends its fit;
+Stop request (robustness/stop_request.py): at the next weight sync the trainer saves, logs the step, and ends its fit;
 it then ends the rollouter's fit, which would otherwise wait for the trainer (paused at its staleness limit), so
 that verl's task runner, waiting for both, returns.
 """
@@ -42,14 +42,14 @@ import ray
 from ray import cloudpickle
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
-from ..glue.darts_trainer import DartsTrainerMixin
-from ..glue.fault_files import check_resume, guarded_verl_save, read_checked, write_checked
-from ..glue.fault_inject import fault_point
-from ..glue.fault_reward import RewardGuardMixin
-from ..glue.fault_rollout import (RolloutServerError, generation_timeout, guard_generation, guard_weight_sync_async,
+from recipe.darl.trainers.darts_mixin import DartsTrainerMixin
+from recipe.darl.robustness.checkpoint_files import check_resume, guarded_verl_save, read_checked, write_checked
+from recipe.darl.probes import fault_point
+from recipe.darl.robustness.reward_guard import RewardGuardMixin
+from recipe.darl.robustness.rollout_watch import (RolloutServerError, generation_timeout, guard_generation, guard_weight_sync_async,
                                   server_error, server_states)
-from ..glue.graceful_stop import GracefulStopMixin
-from ..glue.replay_mixin import ReplayStepMixin
+from recipe.darl.robustness.stop_request import GracefulStopMixin
+from recipe.darl.trainers.replay_mixin import ReplayStepMixin
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

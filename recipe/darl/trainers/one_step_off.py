@@ -1,4 +1,4 @@
-"""D-ARL on verl's one-step-off trainer: `ReplayStepMixin` (recipe/darl/glue/replay_mixin.py) over
+"""D-ARL on verl's one-step-off trainer: `ReplayStepMixin` (recipe/darl/trainers/replay_mixin.py) over
 `OneStepOffRayTrainer`. Every fresh batch is one version old; replay adds groups up to K versions old.
 With `replay.enable=false` this is verl's one-step-off trainer.
 """
@@ -11,20 +11,20 @@ import time
 import ray
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
-from ..glue.darts_trainer import DartsTrainerMixin
-from ..glue.fault_files import check_resume, guarded_verl_save
-from ..glue.fault_inject import fault_point
-from ..glue.fault_reward import RewardGuardMixin
-from ..glue.fault_rollout import generation_timeout, guard_generation, guard_weight_sync, server_error, server_states_now
-from ..glue.graceful_stop import GracefulStopMixin
-from ..glue.replay_mixin import BUFFER_FILE, ReplayStepMixin
+from recipe.darl.trainers.darts_mixin import DartsTrainerMixin
+from recipe.darl.robustness.checkpoint_files import check_resume, guarded_verl_save
+from recipe.darl.probes import fault_point
+from recipe.darl.robustness.reward_guard import RewardGuardMixin
+from recipe.darl.robustness.rollout_watch import generation_timeout, guard_generation, guard_weight_sync, server_error, server_states_now
+from recipe.darl.robustness.stop_request import GracefulStopMixin
+from recipe.darl.trainers.replay_mixin import BUFFER_FILE, ReplayStepMixin
 
 __all__ = ["BUFFER_FILE", "DarlTrainer"]
 
 
 class DarlTrainer(GracefulStopMixin, RewardGuardMixin, DartsTrainerMixin, ReplayStepMixin, OneStepOffRayTrainer):
     """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss; ends early, with a checkpoint, on a
-    stop request (glue/graceful_stop.py)."""
+    stop request (robustness/stop_request.py)."""
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import torch
 
-from ...glue.fault_inject import fault_point
+from recipe.darl.probes import fault_point
 from .hf_engine import LOGPROBS_MODES, HFGenerator, RowResult, resolve_sampling
 
 logger = logging.getLogger(__name__)
@@ -313,7 +313,7 @@ class HFRolloutServer:
 
     async def _step_cohort(self, entry) -> None:
         cohort, requests = entry
-        # fault injection (glue/fault_inject.py; a no-op unless DARL_FAULT_INJECT is set): mid-generation with
+        # fault injection (probes.py; a no-op unless DARL_FAULT_INJECT is set): mid-generation with
         # the weights of version `global_steps`, kill the job ("generate"), kill or freeze this server alone
         fault_point("generate", self.global_steps or 0)
         fault_point("rollout_server", self.global_steps or 0)

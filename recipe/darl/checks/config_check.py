@@ -121,12 +121,12 @@ def check_config(cfg: DictConfig) -> list[str]:
     return problems
 
 
-SHAPING_MANAGER = "recipe.darl.glue.darts_rollout.DartsAgentLoopManager"
+SHAPING_MANAGER = "recipe.darl.workers.darts_rollout.DartsAgentLoopManager"
 
 
 def _darts_problems(cfg: DictConfig) -> list[str]:
     """`rollout_shaping.*` (DARTS); when on, the one-step-off trainer's rollout manager is DARTS' (the fully-async
-    trainer installs it in its rollouter, glue/darts_trainer.py)."""
+    trainer installs it in its rollouter, trainers/darts_mixin.py)."""
     values: dict[str, Any] = OmegaConf.to_container(cfg.get("rollout_shaping", {}) or {}, resolve=True)
     n = int(cfg.actor_rollout_ref.rollout.n)
     problems = DartsConfig.problems_of(values, n)

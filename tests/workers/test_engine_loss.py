@@ -358,7 +358,7 @@ class _Engine:
         self.param_dtype = param_dtype
         from verl.workers.config import FSDPActorConfig
 
-        from recipe.darl.glue.actor_loss import darl_loss
+        from recipe.darl.workers.actor_loss import darl_loss
 
         self.model_path = model_path
         self.tensors = tensors

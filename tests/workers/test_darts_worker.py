@@ -1,4 +1,4 @@
-"""DARTS in verl's agent-loop worker (recipe/darl/glue/darts_rollout.py): finishing order, the abort of a group's
+"""DARTS in verl's agent-loop worker (recipe/darl/workers/darts_rollout.py): finishing order, the abort of a group's
 tail once n have finished, dual-end selection and the counts, on rows of known durations; and the server-side abort
 of a cancelled request. verl's own per-row agent loop and batch assembly are replaced by stand-ins that record what
 they are given; the end-to-end run through Ray is tests/e2e/test_darts_pipeline.py."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-from recipe.darl.glue.darts_rollout import GROUP, DartsAgentLoopWorker, _AbortOnCancel, _Part
+from recipe.darl.workers.darts_rollout import GROUP, DartsAgentLoopWorker, _AbortOnCancel, _Part
 
 
 @pytest.fixture

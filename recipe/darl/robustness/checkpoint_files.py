@@ -218,7 +218,7 @@ def guarded_verl_save(trainer, save: Callable[[], Any], step: int) -> Any:
     `after_save` (tracker written)."""
     from omegaconf import open_dict
 
-    from .fault_inject import after_call, fault_point
+    from recipe.darl.probes import after_call, fault_point
 
     cfg = trainer.config.trainer
     keep = 1 if cfg.get("remove_previous_ckpt_in_save", False) else cfg.get("max_actor_ckpt_to_keep", None)
@@ -257,7 +257,7 @@ def verify_folder(folder: str, files: tuple[str, ...] = ("darl_replay.pt", "darl
     return out
 
 
-if __name__ == "__main__":  # python -m recipe.darl.glue.fault_files <checkpoint folder>...
+if __name__ == "__main__":  # python -m recipe.darl.robustness.checkpoint_files <checkpoint folder>...
     import sys
 
     bad = 0

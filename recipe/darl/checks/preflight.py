@@ -106,7 +106,7 @@ def parquet_rows(paths: list[str]) -> int | None:
     """Rows of local parquet files from their metadata (None when one is not a readable local parquet file)."""
     import pyarrow.parquet as pq
 
-    from .data_check import local_parquet
+    from recipe.darl.checks.data_check import local_parquet
 
     total = 0
     for path in map(local_parquet, paths):
@@ -122,7 +122,7 @@ def parquet_rows(paths: list[str]) -> int | None:
 def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None] = parquet_rows) -> str | None:
     """The per-prompt store's upper bound (responses, GiB at 9 bytes a token) when `replay.prompt_replay` is on,
     with a warning when `replay.prompt_replay_max_age` is shorter than one pass over the training data."""
-    from .config_check import resolved_replay_key, step_budget
+    from recipe.darl.checks.config_check import resolved_replay_key, step_budget
 
     replay = OmegaConf.to_container(cfg.get("replay") or {}, resolve=True)
     per_prompt = resolved_replay_key(replay, "prompt_replay")  # null: the preset's 16
@@ -155,9 +155,9 @@ def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None
 
 def preflight(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_importable,
               env: Mapping[str, str] | None = None, home: str | None = None) -> tuple[list[str], list[str]]:
-    """(problems, lines to print): the logger check, the data check (glue/data_check.py: rows without ground
+    """(problems, lines to print): the logger check, the data check (checks/data_check.py: rows without ground
     truth, empty or overlong prompts), the attention fallback applied to `cfg`, and the per-prompt store's bound."""
-    from .data_check import data_problems
+    from recipe.darl.checks.data_check import data_problems
 
     lines = [select_attention(cfg, importable), prompt_store_line(cfg)]
     data, data_lines = data_problems(cfg)

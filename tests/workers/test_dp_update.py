@@ -96,7 +96,7 @@ def trainer_batch(model, dp_size: int, order: list[int] | None = None):
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     from recipe.darl.core import ReplayConfig
-    from recipe.darl.glue.replay_step import batch_from_groups, groups_from_batch, loss_inputs
+    from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs
 
     fresh, drift = generated_batch(model)
     groups = groups_from_batch(fresh, fresh.batch["rm_scores"])
@@ -153,7 +153,7 @@ def update_actor_input(batch) -> "TensorDict":
 def prepared(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
-    from recipe.darl.glue.replay_step import minibatch_index
+    from recipe.darl.trainers.batches import minibatch_index
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="sdpa", dtype=torch.float32)
     samples = N * len(VERSIONS)
@@ -184,7 +184,7 @@ def engine(prepared, tiny_model_path, run_python, tmp_path_factory):
 
 def test_driver_side_split(prepared):
     """dp 2's mini-batch m joins the m-th half of each rank's half; each mini-batch's coefficients sum to 1."""
-    from recipe.darl.glue.replay_step import minibatch_index
+    from recipe.darl.trainers.batches import minibatch_index
 
     assert prepared["order"] == [0, 1, 4, 5, 2, 3, 6, 7]
     for name, dp in (("dp2", 2), ("dp1", 1)):
@@ -261,7 +261,7 @@ def _train(model_path: str, inputs: dict, name: str, rank: int, world_size: int)
                                      TrainingWorkerConfig)
     from verl.workers.engine_workers import TrainingWorker
 
-    from recipe.darl.glue.actor_loss import darl_loss
+    from recipe.darl.workers.actor_loss import darl_loss
 
     fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
     worker = TrainingWorker(TrainingWorkerConfig(

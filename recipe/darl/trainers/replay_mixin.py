@@ -26,12 +26,12 @@ from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.fs import local_mkdir_safe
 
-from .actor_loss import darl_loss
-from .fault_files import read_checked, write_checked
-from .fault_inject import fault_point
+from recipe.darl.workers.actor_loss import darl_loss
+from recipe.darl.robustness.checkpoint_files import read_checked, write_checked
+from recipe.darl.probes import fault_point
 from ..core import Group, ReplayBuffer, Selection, StepCandidates, group_multiple, group_scores, sample_chi2, select_for_step
 from ..core.config import ReplayConfig
-from .replay_step import batch_from_groups, groups_from_batch, loss_inputs, replay_metrics
+from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, replay_metrics
 
 BUFFER_FILE = "darl_replay.pt"
 
@@ -258,7 +258,7 @@ class ReplayStepMixin:
     # ---- the buffer in checkpoints ----------------------------------------------------------
 
     def save_replay(self, folder: str) -> None:
-        """Writes the buffer into a checkpoint folder, atomically and with a checksum (glue/fault_files.py); call
+        """Writes the buffer into a checkpoint folder, atomically and with a checksum (robustness/checkpoint_files.py); call
         before verl writes its tracker file, so a checkpoint that resume can find always holds the buffer."""
         if self.buffer is None:
             return

@@ -1,4 +1,4 @@
-"""Driver-side glue between verl's DataProto and the D-ARL core (no Ray, no workers).
+"""Conversion between verl's DataProto and the D-ARL core (no Ray, no workers).
 
 - `groups_from_batch`: a fresh, rewarded batch -> `Group`s (by `uid`, version = `min_global_steps`)
 - `batch_from_groups`: groups -> a padded DataProto in verl's layout (the merged candidate batch)

@@ -1,6 +1,6 @@
 """DARTS on the trainer side, for both trainers: `rollout_shaping/` metrics each step, the length-spread EMA in
 checkpoints (`darts_state.pt`, atomic and checksummed like the buffer). DARTS' rollout manager lives with
-the rollout (glue/darts_rollout.py): in the one-step-off trainer's process, in the fully-async rollouter's actor."""
+the rollout (workers/darts_rollout.py): in the one-step-off trainer's process, in the fully-async rollouter's actor."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any, Optional
 import ray
 
 from ..core.darts import DartsConfig
-from .darts_rollout import darts_config, install_in_rollouter
-from .fault_files import read_checked, write_checked
+from recipe.darl.workers.darts_rollout import darts_config, install_in_rollouter
+from recipe.darl.robustness.checkpoint_files import read_checked, write_checked
 
 DARTS_FILE = "darts_state.pt"
 

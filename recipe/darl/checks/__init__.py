@@ -1,0 +1,1 @@
+"""Checks of a launch before Ray starts: the config, the data files, the trackers."""
