@@ -19,6 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 # as the CPU scripts do (shells/cpu/common.sh): no idle Ray workers prestarted on a 2-core machine
 os.environ.setdefault("RAY_enable_worker_prestart", "0")
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+# the fault injector at the product's probe points (recipe/darl/probes.py): a no-op unless DARL_FAULT_INJECT is set;
+# every process a test starts inherits it
+os.environ["DARL_PROBES"] = str(Path(__file__).resolve().parent / "faults" / "inject.py")
 
 
 def _state_equal(a, b) -> bool:

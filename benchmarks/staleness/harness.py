@@ -6,13 +6,13 @@ is known. The rollout log-probs are those of the sampling weights (log_softmax o
 model's logits at the sampling temperature, as a rollout engine returns them), and each sample is
 stamped with version t - s.
 
-Nothing of the algorithm is re-implemented here: the step calls the same `recipe.darl.core`
-functions the verl trainers call (`recipe/darl/trainers/replay_mixin.py`), in the same order:
+Nothing of the algorithm is re-implemented here: the step's decisions are `recipe.darl.core.ReplayStep`'s, the
+object the verl trainers call (`recipe/darl/trainers/replay_mixin.py`); the harness owns only the model, the
+generation, the forward passes and verl's GRPO advantages:
 
-    fresh groups (Group.from_padded) -> ReplayBuffer.begin_step -> recompute pi_old over all
-    candidates and Group.record -> sample_chi2 / group_scores -> select_groups -> GRPO advantages
-    (verl's compute_grpo_outcome_advantage) -> batch_weights / clip_ranges -> darl_policy_loss
-    -> ReplayBuffer.end_step
+    fresh groups (Group.from_padded) -> ReplayStep.plan -> recompute pi_old of the trained groups ->
+    ReplayStep.record -> GRPO advantages (verl's compute_grpo_outcome_advantage) -> ReplayStep.loss_inputs ->
+    ReplayStep.loss per mini-batch -> ReplayStep.finish
 
 Methods (all with the same number of generated samples per step, so the same total per run):
 
@@ -51,19 +51,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from recipe.darl.core import (
-    Group,
-    ReplayBuffer,
-    ReplayConfig,
-    Selection,
-    batch_weights,
-    clip_ranges,
-    darl_policy_loss,
-    gather_recorded,
-    group_scores,
-    sample_chi2,
-    select_for_step,
-)
+from recipe.darl.core import Group, ReplayConfig, ReplayStep, StepPlan, sample_chi2
 
 METHODS = ("naive", "decoupled", "darl")
 
@@ -92,7 +80,7 @@ class HarnessConfig:
     k: int = 4
     warmup: int = 5
     pmis: bool = True
-    order: Optional[str] = None  # chi2/newest/least_reused; None follows pmis
+    order: Optional[str] = None  # newest/least_reused; None follows pmis
     ratio: Any = None  # additive replay: replayed groups per fresh budget; False: fixed budget; None follows pmis
     m2_budget: Any = None  # second-moment gate; False: off; None follows pmis
     behavior_clip: Any = None  # trust region around the behavior policy; False: off; None follows pmis
@@ -100,7 +88,6 @@ class HarnessConfig:
     behavior_weight: Optional[str] = None  # own/pmis; None follows pmis
     source_weight: Optional[str] = None  # ess/tokens; None follows pmis
     filter_zero_adv: bool = True
-    max_score: Optional[float] = None
     max_reuse: Any = None
     clip_decay: float = 1.0
     stop_grad: bool = True
@@ -108,14 +95,9 @@ class HarnessConfig:
     reward: str = "arithmetic"  # arithmetic (verifier) or digits (dense: share of digits, for tests)
     task: str = "arithmetic"  # arithmetic: fresh 2-3 digit sums; scarce: a fixed pool of hard sums, revisited
     pool_size: int = 256  # the scarce task's prompt pool
-    success: Any = False  # replay.success: correct responses kept per prompt (success replay); False: off
-    success_max_age: Optional[int] = None
     # replay.prompt_replay: responses kept per prompt (per-prompt replay); False: off. Off here unless a configuration
-    # sets it (run_study's `darl` sets 16 and zero_adv, as the trainers' preset resolves them)
+    # sets it (run_study's `darl` sets 16, as the trainers' preset resolves it)
     prompt_replay: Any = False
-    prompt_replay_budget: str = "extra"  # replay.prompt_replay_budget: history groups on top (extra) or in the replay budget (shared)
-    prompt_replay_norm: str = "split"  # replay.prompt_replay_norm: history advantages alone (split) or over 2n (mixed)
-    prompt_replay_when: str = "always"  # replay.prompt_replay_when: history for every returning prompt or zero_adv ones
     prompt_replay_max_age: Optional[int] = None  # replay.prompt_replay_max_age: steps a stored response stays usable
     eval_every: int = 20  # steps; 0: only at the start and the end
     val_size: int = 500
@@ -140,14 +122,12 @@ class HarnessConfig:
             self.replay_config()  # validates the replay keys with the trainer's own checks
 
     def replay_config(self) -> ReplayConfig:
-        return ReplayConfig(enable=True, k=self.k, pmis=self.pmis, warmup=self.warmup, max_score=self.max_score,
+        return ReplayConfig(enable=True, k=self.k, pmis=self.pmis, warmup=self.warmup,
                             filter_zero_adv=self.filter_zero_adv, max_reuse=self.max_reuse,
                             behavior_weight=self.behavior_weight, source_weight=self.source_weight,
                             clip_decay=self.clip_decay, stop_grad=self.stop_grad, order=self.order,
                             ratio=self.ratio, m2_budget=self.m2_budget, behavior_clip=self.behavior_clip,
-                            behavior_clip_high=self.behavior_clip_high, success=self.success, success_max_age=self.success_max_age,
-                            prompt_replay=self.prompt_replay, prompt_replay_budget=self.prompt_replay_budget,
-                            prompt_replay_norm=self.prompt_replay_norm, prompt_replay_when=self.prompt_replay_when,
+                            behavior_clip_high=self.behavior_clip_high, prompt_replay=self.prompt_replay,
                             prompt_replay_max_age=self.prompt_replay_max_age)
 
     @property
@@ -164,19 +144,13 @@ class HarnessConfig:
         bclip = rc.behavior_clip_range()
         if bclip is not None and bclip[1] != bclip[0]:
             parts.append(f"high{bclip[1]:g}")
-        if self.success:
-            parts.append(f"success{self.success}")
         if self.prompt_replay:
-            parts.append(f"prompt{self.prompt_replay}" + ("shared" if self.prompt_replay_budget == "shared" else "")
-                         + ("mixed" if self.prompt_replay_norm == "mixed" else "")
-                         + ("zeroadv" if self.prompt_replay_when == "zero_adv" else "")
+            parts.append(f"prompt{self.prompt_replay}"
                          + (f"age{self.prompt_replay_max_age}" if self.prompt_replay_max_age is not None else ""))
         if not self.filter_zero_adv:
             parts.append("keep0adv")
         if not self.stop_grad:
             parts.append("grad")
-        if self.max_score is not None:
-            parts.append(f"max{self.max_score:g}")
         return "-".join(parts)
 
 
@@ -232,7 +206,7 @@ class Harness:
 
         self.version = 0  # weights version: updates done so far
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {0: self._state()}
-        self.buffer = ReplayBuffer.from_config(config.replay_config()) if config.method == "darl" else None
+        self.replay = ReplayStep(config.replay_config() if config.method == "darl" else None)
         self.samples = 0
         self.wall = 0.0  # generation + training seconds, evaluation excluded
         self.history: list[dict[str, Any]] = []
@@ -343,8 +317,7 @@ class Harness:
             "versions": torch.cat([g.versions for g in groups]),
             "rewards": torch.cat([g.rewards for g in groups]),
             "lengths": lengths,
-            # GRPO's index: a group's own uid, or its fresh group's (a history group under prompt_replay_norm=mixed)
-            "uids": np.concatenate([np.array([g.advantage_index] * g.n, dtype=object) for g in groups]),
+            "uids": np.concatenate([np.array([g.uid] * g.n, dtype=object) for g in groups]),  # GRPO's index
         }
 
     @torch.no_grad()
@@ -378,70 +351,25 @@ class Harness:
 
         t1 = time.perf_counter()
         m.update(step=t, samples=self.samples)
-        cands = None
-        if cfg.method == "darl":
-            cands = self.buffer.begin_step(fresh, t)
-            candidates = cands.candidates
-            m["dropped_zero_adv"] = cands.dropped_zero_adv
-            m["success_grafted"] = cands.grafted
-            m["history_groups"] = len(cands.history)
-            m["history_partners"] = len(cands.history_partners)
-            m["warmup"] = float(cands.warmup)
-        else:
-            candidates = fresh
-        selected: list[Group] = []
-        old = batch = None
-        if candidates:
-            rc = cfg.replay_config() if cfg.method == "darl" else None
-            order = rc.resolved("order") if rc else None
-            mb_groups = cfg.prompts_per_step // cfg.minibatches
-            if cfg.method == "darl" and order != "chi2":
-                # nothing to score: select first, then recompute pi_old for the selected groups only
-                selection = select_for_step(candidates, cands.fresh, rc, cfg.prompts_per_step, mb_groups, 1,
-                                            history=cands.history)
-                chosen = sorted(selection.selected, key=lambda i: candidates[i].seq)
-                candidates = [candidates[i] for i in chosen]
-                chosen = list(range(len(candidates)))
-                m["candidates"] = len(cands.candidates)
-            if candidates:
-                batch = self.batch_of(candidates)
-                if cfg.method == "naive":
-                    old = batch["rollout_log_probs"]  # no recompute: pi_old := mu
-                else:
-                    old = self.recompute(batch)
-            if cfg.method == "darl":
-                for i, g in enumerate(candidates):
-                    g.record(t, old[i * cfg.n:(i + 1) * cfg.n])
-            if cfg.method == "darl" and order == "chi2":
-                chi2 = sample_chi2(old, batch["rollout_log_probs"], batch["response_mask"])
-                index = torch.cat([torch.full((g.n,), i) for i, g in enumerate(candidates)])
-                scores = group_scores(chi2, index, len(candidates))
-                for g, s in zip(candidates, scores.tolist()):
-                    g.score = s
-                selection = select_for_step(candidates, cands.fresh, rc, cfg.prompts_per_step, mb_groups, 1,
-                                            scores=scores.tolist(), history=cands.history)
-                m["candidates"] = len(candidates)
-                m["chi2_candidates"] = _finite_mean(scores)
-                # train in arrival order, as the trainer does, so mini-batches mix scores
-                chosen = sorted(selection.selected, key=lambda i: candidates[i].seq)
-            elif cfg.method != "darl":
-                chosen = list(range(len(candidates)))
-            selected = [candidates[i] for i in chosen]
-        if selected:
-            rows = torch.cat([torch.arange(i * cfg.n, (i + 1) * cfg.n) for i in chosen])
-            old_sel = old[rows]
-            batch = self.batch_of(selected)
-            width = batch["response_mask"].shape[1]
-            old_sel = old_sel[:, :width]
-            m.update(self.update(batch, old_sel, selected, t))
+        plan = self.replay.plan(fresh, t, cfg.prompts_per_step, cfg.prompts_per_step // cfg.minibatches, 1)
+        if plan.cands is not None:
+            m.update(candidates=len(plan.cands.candidates), dropped_zero_adv=plan.cands.dropped_zero_adv,
+                     history_groups=len(plan.cands.history), warmup=float(plan.cands.warmup))
+        if plan.trained:
+            batch = self.batch_of(plan.trained)
+            # naive: no recompute, pi_old := mu
+            old = batch["rollout_log_probs"] if cfg.method == "naive" else self.recompute(batch)
+            self.replay.record(plan, old)
+            m.update(self.update(batch, old, plan))
         else:
             m.update(loss=None, skipped=True)
-        if cfg.method == "darl":
-            self.buffer.end_step(cands, selected)
-            stats = self.buffer.stats()
+        self.replay.finish(plan)
+        buffer = self.replay.buffer
+        if buffer is not None:
+            stats = buffer.stats()
             m["buffer_groups"] = stats["groups"]
             m["buffer_versions"] = len(stats["groups_per_version"])
-            if self.buffer.prompts is not None:  # the per-prompt store's size (driver memory)
+            if buffer.prompts is not None:  # the per-prompt store's size (driver memory)
                 m["history_responses"], m["history_bytes"] = stats["history_responses"], stats["history_bytes"]
         t_train = time.perf_counter() - t1
 
@@ -454,30 +382,20 @@ class Harness:
         self.history.append(m)
         return m
 
-    def update(self, batch: dict[str, torch.Tensor], old: torch.Tensor, groups: list[Group], step: int) -> dict[str, Any]:
-        """The actor update on the selected groups: one epoch over `minibatches` mini-batches."""
+    def update(self, batch: dict[str, torch.Tensor], old: torch.Tensor, plan: StepPlan) -> dict[str, Any]:
+        """The actor update on the plan's trained groups: `epochs` passes over `minibatches` mini-batches."""
         cfg = self.config
+        groups, step = plan.trained, plan.version
         mask = batch["response_mask"]
         rollout = batch["rollout_log_probs"]
-        versions = batch["versions"]
         num = mask.shape[0]
         # whole groups per mini-batch; a smaller selection (fewer groups than a mini-batch) is one mini-batch
         mb_index = (torch.arange(num) // cfg.n) // (cfg.prompts_per_step // cfg.minibatches)
-        if cfg.method == "darl":
-            rc = self.config.replay_config()
-            bw, sw = rc.resolved_behavior_weight, rc.resolved_source_weight
-            recorded = gather_recorded(groups, mask.shape[1]) if bw == "pmis" else None
-        else:
-            bw, sw, recorded = "own", "tokens", None
-        rc = cfg.replay_config() if cfg.method == "darl" else None
-        weights = batch_weights(mask, old, rollout, versions, bw, sw, cfg.threshold, recorded=recorded,
-                                minibatch_index=mb_index, m2_budget=rc.resolved("m2_budget") if rc else None)
-        behavior_clip = rc.behavior_clip_range() if rc else None
-        low, high = clip_ranges(versions, step, cfg.clip_low, cfg.clip_high, cfg.clip_decay if cfg.method == "darl" else 1.0)
+        inputs = self.replay.loss_inputs(plan, mask, old, rollout, cfg.threshold, cfg.clip_low, cfg.clip_high, mb_index)
+        weights = inputs.weights
         adv = self.advantages(batch)
         # mismatch of the trained batch; naive's pi_old is mu (0 by construction), so it is measured below
         chi2 = None if cfg.method == "naive" else sample_chi2(old, rollout, mask)
-        stop_grad = cfg.stop_grad if cfg.method == "darl" else True
 
         losses, norms, clipped, kept, bclipped = [], [], 0, 0, 0
         passes = [mb for _ in range(cfg.epochs) for mb in range(int(mb_index.max()) + 1)]
@@ -488,10 +406,8 @@ class Harness:
             if cfg.method == "naive" and mb == 0:
                 # pi_old is not recomputed; for the metric only, the mismatch of the current weights
                 chi2 = sample_chi2(torch.where(mask[rows], lp.detach(), 0.0), rollout[rows], mask[rows])
-            loss, stats = darl_policy_loss(lp, old[rows], adv[rows], mask[rows], weights.log_denominator[rows],
-                                           weights.token_coef[rows], low[rows], high[rows], cfg.threshold,
-                                           clip_ratio_c=cfg.clip_ratio_c, stop_grad=stop_grad,
-                                           behavior_clip=behavior_clip)
+            loss, stats = self.replay.loss(lp, old[rows], adv[rows], mask[rows], inputs, rows, cfg.threshold,
+                                           clip_ratio_c=cfg.clip_ratio_c)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)

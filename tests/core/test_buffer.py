@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recipe.darl.core import Group, ReplayBuffer, gather_recorded
+from recipe.darl.core import ReplayConfig, Group, ReplayBuffer, gather_recorded
 from recipe.darl.core.packing import pack_rows, unpack_rows
 
 WIDTH = 6
@@ -65,7 +65,7 @@ def test_gather_recorded_pads_known_versions():
 
 
 def test_warmup_trains_on_fresh_only_while_the_buffer_fills():
-    buf = ReplayBuffer(k=4, warmup=2)
+    buf = ReplayBuffer(ReplayConfig(pmis=False, k=4, warmup=2))
     for step in range(1, 4):
         fresh = [make_group(f"{step}-{i}", step - 1, seed=step * 10 + i) for i in range(2)]
         cands = buf.begin_step(fresh, step)
@@ -77,18 +77,18 @@ def test_warmup_trains_on_fresh_only_while_the_buffer_fills():
 
 
 def test_zero_advantage_groups_are_dropped_and_counted():
-    buf = ReplayBuffer(k=2)
+    buf = ReplayBuffer(ReplayConfig(pmis=False, k=2))
     fresh = [make_group("same", 0, rewards=[1.0, 1.0, 1.0]), make_group("mixed", 0, rewards=[0.0, 1.0, 1.0])]
     cands = buf.begin_step(fresh, 1)
     assert [g.uid for g in cands.candidates] == ["mixed"] and cands.dropped_zero_adv == 1
     buf.end_step(cands, [])
     assert buf.totals["dropped_zero_adv"] == 1 and [g.uid for g in buf.groups] == ["mixed"]
-    keep_all = ReplayBuffer(k=2, filter_zero_adv=False)
+    keep_all = ReplayBuffer(ReplayConfig(pmis=False, k=2, filter_zero_adv=False))
     assert len(keep_all.begin_step(fresh, 1).candidates) == 2
 
 
 def test_k1_means_no_replay():
-    buf = ReplayBuffer(k=1, warmup=0)
+    buf = ReplayBuffer(ReplayConfig(pmis=False, k=1, warmup=0))
     for step in range(1, 4):
         cands = buf.begin_step([make_group(f"{step}", step - 1)], step)
         assert [g.version for g in cands.candidates] == [step - 1]
@@ -117,7 +117,7 @@ step_plan = st.lists(
     roundtrip_at=st.integers(0, 12),
 )
 def test_buffer_invariants_over_random_runs(plan, k, warmup, max_reuse, max_groups, roundtrip_at, state_equal):
-    buf = ReplayBuffer(k=k, warmup=warmup, max_reuse=max_reuse, max_groups=max_groups)
+    buf = ReplayBuffer(ReplayConfig(pmis=False, k=k, warmup=warmup, max_reuse=max_reuse, max_groups=max_groups))
     originals: dict[str, torch.Tensor] = {}
     seen_versions: list[int] = []
     for step, (lag, count, train_mask, zero_first) in enumerate(plan, start=1):
@@ -168,7 +168,7 @@ def test_buffer_invariants_over_random_runs(plan, k, warmup, max_reuse, max_grou
             blob = io.BytesIO()
             torch.save(buf.state_dict(), blob)
             blob.seek(0)
-            restored = ReplayBuffer(k=k, warmup=warmup, max_reuse=max_reuse, max_groups=max_groups)
+            restored = ReplayBuffer(ReplayConfig(pmis=False, k=k, warmup=warmup, max_reuse=max_reuse, max_groups=max_groups))
             restored.load_state_dict(torch.load(blob, weights_only=False))
             assert state_equal(restored.state_dict(), buf.state_dict())
             buf = restored

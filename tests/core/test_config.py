@@ -56,8 +56,8 @@ def test_presets_follow_pmis_unless_overridden():
 
 def test_buffer_rejects_bad_parameters_by_name():
     with pytest.raises(ValueError, match=r"replay\.k"):
-        ReplayBuffer(k=0)
+        ReplayBuffer(ReplayConfig(pmis=False, k=0))
     with pytest.raises(ValueError, match=r"replay\.warmup"):
-        ReplayBuffer(k=2, warmup=-1)
+        ReplayBuffer(ReplayConfig(pmis=False, k=2, warmup=-1))
     with pytest.raises(ValueError, match=r"replay\.max_groups"):
-        ReplayBuffer(k=2, max_groups=0)
+        ReplayBuffer(ReplayConfig(pmis=False, k=2, max_groups=0))

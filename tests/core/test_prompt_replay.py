@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from recipe.darl.core import PromptStore, ReplayBuffer, ReplayConfig, batch_weights, select_for_step
-from test_success_replay import group
+from groups import group
 
 
 def _visit(buf: ReplayBuffer, groups, step):
@@ -17,7 +17,7 @@ def _visit(buf: ReplayBuffer, groups, step):
 
 
 def test_a_returning_prompt_replays_its_best_stored_responses_as_a_group_of_its_own():
-    buf = ReplayBuffer(k=1, warmup=0, prompt_replay=4)
+    buf = ReplayBuffer(ReplayConfig(pmis=False, k=1, warmup=0, prompt_replay=4))
     # first visit (version 1): rewards 0, 1, 0; log-probs -1.1, -1.2, -1.3 (base -1)
     first = _visit(buf, [group("a", 1, [0.0, 1.0, 0.0], lengths=[2, 3, 2], base=-1.0)], 1)
     assert first.history == [] and len(buf.prompts) == 3
@@ -49,33 +49,34 @@ def test_mixed_versions_ties_equal_rewards_and_other_prompts():
     store.add_from([group("a", 1, [1.0, 0.0], base=-1.0)], step=1)
     store.add_from([group("b", 3, [1.0, 0.0], base=-3.0)], step=3)
     # stored, oldest first: (v1, r1), (v1, r0), (v3, r1), (v3, r0); n = 2: the two successes, newest first
-    (hist,) = store.history_groups([group("c", 5, [0.0, 1.0])])
+    (hist,) = store.history_groups([group("c", 5, [0.0, 0.0])])
     assert hist.rewards.tolist() == [1.0, 1.0] and hist.versions.tolist() == [3, 1] and hist.version == 3
     assert hist.padded("rollout_log_probs", 2)[:, 0].tolist() == pytest.approx([-3.1, -1.1])
     assert hist.zero_advantage  # both replayed responses are right: the buffer drops it
-    buf = ReplayBuffer(k=1, warmup=0, prompt_replay=4)
+    buf = ReplayBuffer(ReplayConfig(pmis=False, k=1, warmup=0, prompt_replay=4))
     buf.prompts.load_state_dict(store.state_dict())
-    cands = buf.begin_step([group("c", 5, [0.0, 1.0])], 5)
+    cands = buf.begin_step([group("c", 5, [0.0, 0.0])], 5)
     assert cands.history == [] and cands.history_zero_adv == 1
+    assert store.history_groups([group("c", 5, [0.0, 1.0])]) == []  # an informative fresh group gets none
     # another prompt, or fewer than n stored: no history group
-    assert store.history_groups([group("d", 5, [0.0, 1.0], prompt=(9, 9))]) == []
-    assert PromptStore(per_prompt=4).history_groups([group("e", 5, [0.0, 1.0])]) == []
-    assert store.history_groups([group("f", 5, [0.0, 1.0, 0.0, 1.0, 0.0])]) == []  # n = 5 > 4 stored
+    assert store.history_groups([group("d", 5, [0.0, 0.0], prompt=(9, 9))]) == []
+    assert PromptStore(per_prompt=4).history_groups([group("e", 5, [0.0, 0.0])]) == []
+    assert store.history_groups([group("f", 5, [0.0] * 5)]) == []  # n = 5 > 4 stored
 
 
 def test_history_groups_are_never_displaced_and_weighted_against_their_own_behavior():
-    cfg = ReplayConfig(enable=True, k=2, warmup=0, prompt_replay=2, prompt_replay_when="always")
-    buf = ReplayBuffer.from_config(cfg)
+    cfg = ReplayConfig(enable=True, k=2, warmup=0, prompt_replay=2)
+    buf = ReplayBuffer(cfg)
     assert buf.prompts is not None and buf.prompts.per_prompt == 2
-    _visit(buf, [group("a", 1, [1.0, 0.0], base=-1.0)], 1)
-    fresh = group("b", 2, [1.0, 0.0], base=-2.0)
-    cands = buf.begin_step([fresh], 2)
+    _visit(buf, [group("a", 1, [1.0, 0.0], base=-1.0), group("x", 1, [1.0, 0.0], base=-1.0, prompt=(9, 9))], 1)
+    fresh = group("b", 2, [1.0, 0.0], base=-2.0, prompt=(8, 8))  # a new prompt
+    cands = buf.begin_step([fresh, group("c", 2, [0.0, 0.0], base=-2.0)], 2)  # c: a's prompt, all wrong
     (hist,) = cands.history
-    # candidates: the buffered group of visit 1, then the fresh one, then its history; budget 1 group, ratio 0.5:
-    # both fresh-like groups are trained (additive composition), the buffered one fills no slot (extra = 0.5 -> 0)
+    # candidates: the two buffered groups of visit 1, then b, then c's history (c is dropped); budget 1 group,
+    # ratio 0.5: both fresh-like groups are trained (additive composition), no buffered one fills a slot (0.5 -> 0)
     sel = select_for_step(cands.candidates, cands.fresh, cfg, budget=1, multiple=1, min_multiple=1)
     chosen = [cands.candidates[i] for i in sel.selected]
-    assert chosen == [fresh, hist]
+    assert chosen == [fresh, hist] and len(cands.candidates) == 4
     # each history response is weighted against its own behavior policy (mu_1 of visit 1), its own source
     rows = [fresh, hist]
     mask = torch.cat([g.padded("response_mask", 2) for g in rows])
@@ -89,19 +90,19 @@ def test_history_groups_are_never_displaced_and_weighted_against_their_own_behav
 
 
 def test_the_store_survives_a_checkpoint_and_a_mismatched_resume_is_an_error():
-    buf = ReplayBuffer(k=1, warmup=0, prompt_replay=3)
+    buf = ReplayBuffer(ReplayConfig(pmis=False, k=1, warmup=0, prompt_replay=3))
     _visit(buf, [group("a", 1, [1.0, 0.0], base=-1.0)], 1)
     state = buf.state_dict()
-    again = ReplayBuffer(k=1, warmup=0, prompt_replay=3)
+    again = ReplayBuffer(ReplayConfig(pmis=False, k=1, warmup=0, prompt_replay=3))
     again.load_state_dict(state)
     assert len(again.prompts) == 2 and again.stats()["history_responses"] == 2
     (hist,) = again.begin_step([group("b", 2, [0.0, 0.0])], 2).history
     assert hist.rewards.tolist() == [1.0, 0.0]
-    without = ReplayBuffer(k=1, warmup=0)
+    without = ReplayBuffer(ReplayConfig(pmis=False, k=1, warmup=0))
     with pytest.warns(UserWarning, match="replay.prompt_replay is off now: it is dropped"):
         without.load_state_dict(state)
     with pytest.raises(ValueError, match="replay.prompt_replay is on but the checkpoint"):
-        ReplayBuffer(k=1, warmup=0, prompt_replay=3).load_state_dict(without.state_dict())
+        ReplayBuffer(ReplayConfig(pmis=False, k=1, warmup=0, prompt_replay=3)).load_state_dict(without.state_dict())
 
 
 @pytest.mark.parametrize("value", [1, 0, True, 2.5, "4"])
@@ -110,160 +111,27 @@ def test_bad_values_name_the_key(value):
         ReplayConfig(prompt_replay=value)
 
 
-def test_shared_budget_puts_history_groups_first_in_the_replay_slots():
-    from recipe.darl.core import select_groups
-
-    # candidates 0-2 buffered (versions 3, 2, 1), 3-4 fresh, 5-6 history groups (arrival 6 before 5)
-    versions = torch.tensor([3, 2, 1, 4, 4, 3, 2])
-    arrival = torch.tensor([0, 1, 2, 3, 4, 6, 5])
-    fresh = torch.tensor([0, 0, 0, 1, 1, 0, 0], dtype=torch.bool)
-    first = torch.tensor([0, 0, 0, 0, 0, 1, 1], dtype=torch.bool)
-    # extra 3: both fresh groups, both history groups (earlier arrival first), then the newest buffered one
-    sel = select_groups(8, versions, arrival, order="newest", fresh=fresh, extra=3, first=first)
-    assert sel.selected == [3, 4, 6, 5, 0]
-    # extra 1: the single replay slot goes to the history group that arrived first
-    assert select_groups(8, versions, arrival, order="newest", fresh=fresh, extra=1, first=first).selected == [3, 4, 6]
-    # without `first` the same slot goes to the newest version (the buffered group 0 ties history group 5 on
-    # version 3 and arrived earlier)
-    assert select_groups(8, versions, arrival, order="newest", fresh=fresh, extra=1).selected == [3, 4, 0]
-    # a history group is never fresh at the same time, and `first` needs the additive composition
-    with pytest.raises(ValueError, match="first needs additive composition"):
-        select_groups(8, versions, arrival, fresh=fresh, extra=1, first=fresh)
-    with pytest.raises(ValueError, match="first needs additive composition"):
-        select_groups(8, versions, arrival, first=first)
-
-
-def test_select_for_step_shares_the_budget_only_when_asked():
-    def run(budget_mode):
-        cfg = ReplayConfig(enable=True, k=2, warmup=0, prompt_replay=2, prompt_replay_budget=budget_mode,
-                           prompt_replay_when="always")
-        buf = ReplayBuffer.from_config(cfg)
-        _visit(buf, [group("a", 1, [1.0, 0.0], base=-1.0)], 1)
-        fresh = group("b", 2, [1.0, 0.0], base=-2.0)
-        cands = buf.begin_step([fresh], 2)
-        (hist,) = cands.history
-        (buffered,) = [g for g in cands.candidates if g.uid == "a"]
-        # B = 2, ratio 0.5: one replay slot
-        sel = select_for_step(cands.candidates, cands.fresh, cfg, budget=2, multiple=1, min_multiple=1,
-                              history=cands.history)
-        return [cands.candidates[i] for i in sel.selected], fresh, hist, buffered
-
-    chosen, fresh, hist, buffered = run("extra")
-    assert chosen == [fresh, hist, buffered]  # history on top of the step, the slot to the buffered group
-    chosen, fresh, hist, buffered = run("shared")
-    assert chosen == [fresh, hist]  # history takes the slot: the preset's step size
-
-
-@pytest.mark.parametrize("values, message", [
-    ({"prompt_replay_budget": "both"}, "replay.prompt_replay_budget must be 'extra' or 'shared'"),
-    ({"prompt_replay": False, "prompt_replay_budget": "shared"}, "replay.prompt_replay_budget=shared but per-prompt replay is off"),
-    ({"prompt_replay": 16, "prompt_replay_budget": "shared", "ratio": False}, "shares the replay budget"),
-    ({"prompt_replay": 16, "prompt_replay_budget": "shared", "pmis": False}, "shares the replay budget"),
-])
-def test_bad_budget_settings_name_the_key(values, message):
-    with pytest.raises(ValueError, match=message):
-        ReplayConfig(**values)
-    assert ReplayConfig(prompt_replay=16, prompt_replay_budget="shared", pmis=False, ratio=0.5).prompt_replay_budget == "shared"
-
-
-def _grpo(groups) -> list[float]:
-    """verl's GRPO advantage of each response of `groups`, indexed as the trainers index it (advantage_index)."""
-    import numpy as np
-    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
-
-    rewards = torch.cat([g.rewards for g in groups])
-    index = np.array([g.advantage_index for g in groups for _ in range(g.n)], dtype=object)
-    adv, _ = compute_grpo_outcome_advantage(rewards.unsqueeze(1), torch.ones(len(rewards), 1), index)
-    return adv[:, 0].tolist()
-
-
-@pytest.mark.parametrize("norm", ["split", "mixed"])
-def test_mixed_normalises_a_prompts_fresh_and_history_groups_together(norm):
-    buf = ReplayBuffer(k=2, warmup=0, prompt_replay=3, prompt_replay_norm=norm)
-    _visit(buf, [group("a", 1, [1.0, 0.0, 0.0], base=-1.0)], 1)
-    fresh = group("b", 2, [0.0, 0.0, 0.0], base=-2.0)  # all wrong: no advantage of its own
-    cands = buf.begin_step([fresh], 2)
-    (hist,) = cands.history
-    assert hist.uid == "b:history" and hist.rewards.tolist() == [1.0, 0.0, 0.0]
-    if norm == "split":
-        # the fresh group is dropped; the history group is normalised alone: mean 1/3, std sqrt(1/3)
-        assert cands.dropped_zero_adv == 1 and cands.history_partners == [] and cands.fresh == [hist]
-        assert hist.advantage_index == "b:history" and list(hist.non_tensors["uid"]) == ["b:history"] * 3
-        s = math.sqrt(1 / 3)
-        assert _grpo(cands.fresh) == pytest.approx([(2 / 3) / s, -(1 / 3) / s, -(1 / 3) / s], rel=1e-5)
-    else:
-        # the 2n = 6 rewards (0, 0, 0, 1, 0, 0) share one normalisation: mean 1/6, std (unbiased) sqrt(1/6);
-        # the fresh failures get -1/sqrt(6) each, the replayed success 5/sqrt(6)
-        assert cands.dropped_zero_adv == 0 and cands.history_partners == [fresh] and cands.fresh == [fresh, hist]
-        assert hist.advantage_index == "b" and list(hist.non_tensors["uid"]) == ["b"] * 3
-        r6 = math.sqrt(6)
-        assert _grpo(cands.fresh) == pytest.approx([-1 / r6] * 3 + [5 / r6, -1 / r6, -1 / r6], rel=1e-5)
-    buf.end_step(cands, cands.fresh)
-    # neither the history group nor the equal-reward fresh group enters the buffer; the store gets b's responses
-    assert [g.uid for g in buf.groups] == ["a"] and buf.next_seq == 2 and len(buf.prompts) == 3
-
-
-def test_mixed_keeps_an_equal_reward_history_group_beside_an_informative_fresh_one_and_drops_equal_pairs():
-    for norm, kept in (("split", 0), ("mixed", 1)):
-        buf = ReplayBuffer(k=1, warmup=0, prompt_replay=2, prompt_replay_norm=norm)
-        _visit(buf, [group("a", 1, [1.0, 1.0], base=-1.0)], 1)
-        cands = buf.begin_step([group("b", 2, [1.0, 0.0])], 2)  # history (1, 1): informative only beside b
-        assert len(cands.history) == kept and cands.history_zero_adv == 1 - kept and cands.history_partners == []
-    buf = ReplayBuffer(k=1, warmup=0, prompt_replay=2, prompt_replay_norm="mixed")
-    _visit(buf, [group("a", 1, [1.0, 1.0], base=-1.0)], 1)
-    cands = buf.begin_step([group("b", 2, [1.0, 1.0])], 2)  # all four rewards 1: nothing to learn, both dropped
-    assert cands.fresh == [] and cands.dropped_zero_adv == 1 and cands.history_zero_adv == 1
-
-
-@pytest.mark.parametrize("values, message", [
-    ({"prompt_replay_norm": "joint"}, "replay.prompt_replay_norm must be 'split' or 'mixed'"),
-    ({"prompt_replay": False, "prompt_replay_norm": "mixed"}, "replay.prompt_replay_norm=mixed but per-prompt replay is off"),
-    ({"prompt_replay": 16, "prompt_replay_norm": "mixed", "prompt_replay_budget": "shared"}, "needs replay.prompt_replay_budget=extra"),
-    ({"prompt_replay": 16, "prompt_replay_norm": "mixed", "ratio": False}, "needs replay.ratio"),
-])
-def test_bad_norm_settings_name_the_key(values, message):
-    with pytest.raises(ValueError, match=message):
-        ReplayConfig(**values)
-
-
-def test_the_store_checks_its_norm_and_when():
-    with pytest.raises(ValueError, match="replay.prompt_replay_norm must be"):
-        PromptStore(per_prompt=4, norm="joint")
-    with pytest.raises(ValueError, match="replay.prompt_replay_when must be"):
-        PromptStore(per_prompt=4, when="never")
-
-
-@pytest.mark.parametrize("when", ["always", "zero_adv"])
-def test_zero_adv_builds_history_only_in_the_place_of_an_uninformative_fresh_group(when):
-    buf = ReplayBuffer(k=1, warmup=0, prompt_replay=2, prompt_replay_when=when)
+def test_history_is_built_only_in_the_place_of_an_uninformative_fresh_group():
+    buf = ReplayBuffer(ReplayConfig(pmis=False, k=1, warmup=0, prompt_replay=2))
     _visit(buf, [group("a", 1, [1.0, 0.0], base=-1.0), group("b", 1, [0.0, 1.0], base=-1.0, prompt=(9, 9))], 1)
     # both prompts come back: c's group is informative, d's all wrong
     c, d = group("c", 2, [1.0, 0.0]), group("d", 2, [0.0, 0.0], prompt=(9, 9))
     cands = buf.begin_step([c, d], 2)
-    assert cands.dropped_zero_adv == 1  # d, either way
-    if when == "always":
-        assert [h.uid for h in cands.history] == ["c:history", "d:history"] and len(cands.fresh) == 3
-    else:
-        # only d's prompt replays its past responses, in d's place: the step keeps two groups, as without history
-        (hist,) = cands.history
-        assert hist.uid == "d:history" and hist.rewards.tolist() == [1.0, 0.0] and cands.fresh == [c, hist]
-    assert buf.prompts.totals["history_groups"] == len(cands.history)
-    with pytest.raises(ValueError, match="replay.prompt_replay_when must be null, 'always' or 'zero_adv'"):
-        ReplayConfig(prompt_replay=2, prompt_replay_when="never")
-    with pytest.raises(ValueError, match="replay.prompt_replay_when=zero_adv but per-prompt replay is off"):
-        ReplayConfig(prompt_replay=False, prompt_replay_when="zero_adv")
-    with pytest.raises(ValueError, match="replay.prompt_replay_when=zero_adv but per-prompt replay is off"):
-        ReplayConfig(pmis=False, prompt_replay_when="zero_adv")  # null follows pmis false: off
+    assert cands.dropped_zero_adv == 1
+    # only d's prompt replays its past responses, in d's place: the step keeps two groups, as without history
+    (hist,) = cands.history
+    assert hist.uid == "d:history" and hist.rewards.tolist() == [1.0, 0.0] and cands.fresh == [c, hist]
+    assert buf.prompts.totals["history_groups"] == 1
 
 
 @pytest.mark.parametrize("max_age", [None, 2, 1])
 def test_max_age_drops_stored_responses_a_given_number_of_steps_after_they_were_stored(max_age):
-    buf = ReplayBuffer(k=1, warmup=0, prompt_replay=4, prompt_replay_max_age=max_age)
+    buf = ReplayBuffer(ReplayConfig(pmis=False, k=1, warmup=0, prompt_replay=4, prompt_replay_max_age=max_age))
     _visit(buf, [group("a", 1, [1.0, 0.0], base=-1.0)], 1)  # prompt (5, 6, 7): 2 responses stored at step 1
     _visit(buf, [group("b", 2, [1.0, 0.0], prompt=(9, 9))], 2)  # another prompt
     # step 1's responses are 2 steps old at step 3: usable under no cap and max_age 2, gone under max_age 1
     assert len(buf.prompts.store.get(group("x", 0, [0.0]).prompt_key, [])) == (0 if max_age == 1 else 2)
-    cands = buf.begin_step([group("c", 3, [0.0, 1.0])], 3)
+    cands = buf.begin_step([group("c", 3, [0.0, 0.0])], 3)
     assert len(cands.history) == (0 if max_age == 1 else 1)
     buf.end_step(cands, cands.fresh)
     # after step 3 (usable at step 4: stored at step >= 4 - max_age): no cap keeps all 6; max_age 2 drops step 1's
@@ -275,7 +143,7 @@ def test_max_age_drops_stored_responses_a_given_number_of_steps_after_they_were_
 
 def test_max_age_bounds_the_store_where_prompts_do_not_come_back():
     # B = 2 new prompts a step, n = 2 responses each, max_age A = 3: at most A x B x n = 12 responses held
-    buf = ReplayBuffer(k=1, warmup=0, prompt_replay=4, prompt_replay_max_age=3)
+    buf = ReplayBuffer(ReplayConfig(pmis=False, k=1, warmup=0, prompt_replay=4, prompt_replay_max_age=3))
     held = []
     for step in range(1, 9):
         _visit(buf, [group(f"g{step}{j}", step, [1.0, 0.0], prompt=(step, j)) for j in range(2)], step)
@@ -286,19 +154,14 @@ def test_max_age_bounds_the_store_where_prompts_do_not_come_back():
         ReplayConfig(prompt_replay=4, prompt_replay_max_age=0)
     with pytest.raises(ValueError, match="replay.prompt_replay_max_age is set but replay.prompt_replay is off"):
         ReplayConfig(prompt_replay=False, prompt_replay_max_age=8)
-    with pytest.raises(ValueError, match="replay.prompt_replay_max_age must be null"):
-        PromptStore(per_prompt=4, max_age=-1)
 
 
-def test_the_preset_resolves_per_prompt_replay_in_the_place_of_groups_without_advantage():
+def test_the_preset_resolves_per_prompt_replay():
     preset = ReplayConfig(enable=True)
-    assert (preset.resolved("prompt_replay"), preset.resolved("prompt_replay_when")) == (16, "zero_adv")
-    store = ReplayBuffer.from_config(preset).prompts
-    assert (store.per_prompt, store.when, store.norm, store.max_age) == (16, "zero_adv", "split", None)
+    assert preset.resolved("prompt_replay") == 16
+    store = ReplayBuffer(preset).prompts
+    assert (store.per_prompt, store.max_age) == (16, None)
     uniform = ReplayConfig(enable=True, pmis=False)  # null follows pmis false: off
-    assert uniform.resolved("prompt_replay") is None and ReplayBuffer.from_config(uniform).prompts is None
+    assert uniform.resolved("prompt_replay") is None and ReplayBuffer(uniform).prompts is None
     off = ReplayConfig(enable=True, prompt_replay=False)  # the group-replay preset
-    assert off.resolved("prompt_replay") is None and ReplayBuffer.from_config(off).prompts is None
-    # an explicit count with the when key unset follows pmis too: zero_adv in the preset, always without it
-    assert ReplayConfig(prompt_replay=4).resolved("prompt_replay_when") == "zero_adv"
-    assert ReplayConfig(prompt_replay=4, pmis=False).resolved("prompt_replay_when") == "always"
+    assert off.resolved("prompt_replay") is None and ReplayBuffer(off).prompts is None

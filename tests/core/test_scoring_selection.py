@@ -1,4 +1,4 @@
-"""chi2 scores by hand; selection: threshold, ascending fill, ties, budget and divisibility, newest-first mode."""
+"""chi2 scores by hand (the `replay/chi2_*` metrics); selection: order, ties, budget and divisibility."""
 
 import math
 
@@ -33,52 +33,42 @@ def test_group_score_is_the_mean_of_its_samples():
     assert group_scores(scores, index, 3).tolist() == pytest.approx([2.0, 6.0, 0.5])
 
 
-def test_selection_fills_by_ascending_score_with_threshold():
-    scores = torch.tensor([0.5, 0.1, 3.0, 0.2, 0.05])
-    versions = torch.tensor([1, 1, 2, 2, 2])
-    arrival = torch.arange(5)
-    sel = select_groups(budget=3, versions=versions, arrival=arrival, scores=scores, max_score=1.0)
-    assert sel.selected == [4, 1, 3] and sel.eligible == 4 and not sel.skipped
-    sel = select_groups(budget=10, versions=versions, arrival=arrival, scores=scores, max_score=1.0)
-    assert sel.selected == [4, 1, 3, 0]  # group 2 stays out: above the threshold
-
-
-def test_ties_prefer_newer_version_then_earlier_arrival():
-    scores = torch.tensor([0.3, 0.3, 0.3, 0.3])
-    versions = torch.tensor([1, 2, 2, 1])
-    arrival = torch.tensor([0, 5, 4, 1])
-    assert select_groups(4, versions, arrival, scores).selected == [2, 1, 0, 3]
+def test_least_reused_first_then_newer_version_then_earlier_arrival():
+    versions = torch.tensor([1, 2, 2, 1, 2])
+    arrival = torch.tensor([0, 5, 4, 1, 2])
+    reuse = torch.tensor([0, 0, 0, 0, 1])
+    assert select_groups(5, versions, arrival, order="least_reused", reuse=reuse).selected == [2, 1, 0, 3, 4]
+    with pytest.raises(ValueError, match="needs reuse"):
+        select_groups(5, versions, arrival, order="least_reused")
 
 
 def test_selection_rounds_down_to_the_group_multiple_or_skips():
-    scores = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, math.inf])
-    versions = torch.zeros(6, dtype=torch.long)
-    arrival = torch.arange(6)
-    sel = select_groups(8, versions, arrival, scores, multiple=2)
-    assert sel.selected == [0, 1, 2, 3] and sel.budget == 8  # 5 finite eligible -> 4
-    sel = select_groups(8, versions, arrival, scores, max_score=0.15, multiple=2)
+    versions = torch.zeros(5, dtype=torch.long)
+    arrival = torch.arange(5)
+    sel = select_groups(8, versions, arrival, multiple=2)
+    assert sel.selected == [0, 1, 2, 3] and sel.budget == 8 and sel.eligible == 5  # 5 groups -> 4
+    sel = select_groups(8, versions[:1], arrival[:1], multiple=2)
     assert sel.skipped and sel.selected == [] and "multiple of 2" in sel.reason
 
 
 def test_fewer_than_a_mini_batch_trains_a_smaller_one_when_allowed():
-    scores = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5])
     versions = torch.zeros(5, dtype=torch.long)
     arrival = torch.arange(5)
-    assert select_groups(16, versions, arrival, scores, multiple=8).skipped
-    sel = select_groups(16, versions, arrival, scores, multiple=8, min_multiple=2)
+    assert select_groups(16, versions, arrival, multiple=8).skipped
+    sel = select_groups(16, versions, arrival, multiple=8, min_multiple=2)
     assert sel.selected == [0, 1, 2, 3] and not sel.skipped
-    sel = select_groups(16, versions, arrival, scores, max_score=0.15, multiple=8, min_multiple=2)
+    sel = select_groups(16, versions[:1], arrival[:1], multiple=8, min_multiple=2)
     assert sel.skipped and "multiple of 2" in sel.reason
     with pytest.raises(ValueError, match="min_multiple"):
-        select_groups(16, versions, arrival, scores, multiple=8, min_multiple=9)
+        select_groups(16, versions, arrival, multiple=8, min_multiple=9)
 
 
-def test_uniform_mode_takes_newest_first_without_scores():
+def test_uniform_mode_takes_newest_first():
     versions = torch.tensor([3, 5, 4, 5, 3])
     arrival = torch.tensor([0, 6, 3, 5, 1])
     assert select_groups(3, versions, arrival).selected == [3, 1, 2]
-    with pytest.raises(ValueError, match="max_score"):
-        select_groups(3, versions, arrival, max_score=1.0)
+    with pytest.raises(ValueError, match="order"):
+        select_groups(3, versions, arrival, order="chi2")
 
 
 def test_group_multiple():
@@ -89,8 +79,9 @@ def test_group_multiple():
         group_multiple(n=8, ppo_mini_batch_size=4, dp_size=0)
 
 
-@pytest.mark.parametrize("kwargs,name", [({"budget": 0}, "budget"), ({"multiple": 0}, "multiple"), ({"max_score": 0.0}, "max_score")])
+@pytest.mark.parametrize("kwargs,name", [({"budget": 0}, "budget"), ({"multiple": 0}, "multiple"),
+                                         ({"arrival": torch.arange(2)}, "arrival")])
 def test_selection_rejects_bad_parameters(kwargs, name):
-    args = {"budget": 2, "versions": torch.zeros(3), "arrival": torch.arange(3), "scores": torch.zeros(3)} | kwargs
+    args = {"budget": 2, "versions": torch.zeros(3), "arrival": torch.arange(3)} | kwargs
     with pytest.raises(ValueError, match=name):
         select_groups(**args)

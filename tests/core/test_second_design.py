@@ -102,10 +102,10 @@ def test_preset_resolution_and_off_switches():
     uniform = ReplayConfig(enable=True, pmis=False)
     assert [uniform.resolved(k) for k in ("order", "ratio", "m2_budget", "behavior_clip", "max_reuse")] == \
         ["newest", None, None, None, None]
-    off = ReplayConfig(enable=True, ratio=False, m2_budget=False, behavior_clip=False, max_reuse=False, order="chi2")
+    off = ReplayConfig(enable=True, ratio=False, m2_budget=False, behavior_clip=False, max_reuse=False, order="newest")
     assert [off.resolved(k) for k in ("order", "ratio", "m2_budget", "behavior_clip", "max_reuse")] == \
-        ["chi2", None, None, None, None]
-    assert ReplayBuffer.from_config(preset).max_reuse == 2 and ReplayBuffer.from_config(off).max_reuse is None
+        ["newest", None, None, None, None]
+    assert ReplayBuffer(preset).max_reuse == 2 and ReplayBuffer(off).max_reuse is None
     assert off.behavior_clip_range() is None and uniform.behavior_clip_range() is None
     assert preset.behavior_clip_range() == (0.2, math.inf)  # the preset bounds A < 0 only
     assert ReplayConfig(enable=True, behavior_clip_high=0.2).behavior_clip_range() == (0.2, 0.2)  # the two-sided trust region
@@ -123,7 +123,8 @@ def test_preset_resolution_and_off_switches():
     ({"behavior_clip_high": 0.5, "behavior_clip": False}, "replay.behavior_clip_high"),
     ({"behavior_clip_high": 0.5, "pmis": False}, "replay.behavior_clip_high"),
     ({"max_reuse": True}, "replay.max_reuse"),
-    ({"max_score": 1.0}, "replay.max_score"),  # the preset's order is least_reused: nothing is scored
+    ({"order": "chi2"}, "replay.order"),  # a retired design is an error, not a silent default
+    ({"success": 1}, "unknown replay key"),
 ])
 def test_bad_second_design_values_name_their_key(values, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):

@@ -18,7 +18,10 @@ import pytest
 import torch
 
 from recipe.darl.robustness import checkpoint_files as ff
-from recipe.darl import probes as fi
+from recipe.darl import probes
+
+probes._loaded()
+fi = sys.modules[probes.HOOK_MODULE]  # tests/faults/inject.py, as the product's probes loaded it
 
 
 def _payload(obj) -> bytes:
@@ -177,28 +180,35 @@ def test_verify_cli_names_the_torn_file(tmp_path):
 
 def test_fault_spec_parsing():
     assert fi.parse("generate:3, after_buffer:4:0.5") == [("generate", 3, 0.0), ("after_buffer", 4, 0.5)]
-    with pytest.raises(ValueError, match="point"):
+    with pytest.raises(ValueError, match="fault"):
         fi.parse("nowhere:3")
     with pytest.raises(ValueError):
         fi.parse("update")
 
 
 def test_the_hook_does_nothing_unless_armed(monkeypatch):
+    kills = []
+    monkeypatch.setattr(fi, "_kill", lambda fault, step: kills.append((fault, step)))
     monkeypatch.delenv(fi.ENV, raising=False)
-    fi.fault_point("update", 3)
-    monkeypatch.setenv(fi.ENV, "update:4")
-    fi.fault_point("update", 3)
-    fi.fault_point("generate", 4)
-    assert fi.armed("update", 4) and not fi.armed("update", 3)
+    probes.probe("update", 3)
+    monkeypatch.setenv(fi.ENV, "update:4,rollout_stop:2")
+    probes.probe("update", 3)
+    probes.probe("after_save", 4)
+    assert kills == []
+    probes.probe("update", 4)
+    probes.probe("decode", 2)  # a scenario of the test's maps onto the product's point
+    assert kills == [("update", 4), ("rollout_stop", 2)]
+    with pytest.raises(ValueError, match="unknown probe point"):
+        probes.probe("generate", 1)  # the product knows no test scenario
 
 
 def test_the_armed_hook_writes_the_marker_and_kills_its_process(tmp_path):
     marker = tmp_path / "marker"
     code = textwrap.dedent("""
-        from recipe.darl.probes import fault_point
-        fault_point("update", 2)  # not armed: goes on
+        from recipe.darl.probes import probe
+        probe("update", 2)  # not armed: goes on
         print("passed step 2", flush=True)
-        fault_point("update", 3)
+        probe("update", 3)
         print("survived")
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
@@ -211,11 +221,11 @@ def test_the_armed_hook_writes_the_marker_and_kills_its_process(tmp_path):
 def test_the_hook_kills_the_group_named_by_darl_fault_pgid(tmp_path):
     code = textwrap.dedent("""
         import os, subprocess, sys, time
-        from recipe.darl.probes import fault_point
+        from recipe.darl.probes import probe
         sleeper = subprocess.Popen(["sleep", "60"])
         open(sys.argv[1], "w").write(str(sleeper.pid))
         os.environ["DARL_FAULT_PGID"] = str(os.getpgrp())
-        fault_point("after_save", 5)
+        probe("after_save", 5)
     """)
     pidfile = tmp_path / "sleeper"
     proc = subprocess.Popen([sys.executable, "-c", code, str(pidfile)], start_new_session=True,

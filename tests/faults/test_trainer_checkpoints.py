@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 
 import pytest
 
 from recipe.darl.robustness import checkpoint_files as ff
-from recipe.darl import probes as fi
+from recipe.darl import probes
+
+probes._loaded()
+fi = sys.modules[probes.HOOK_MODULE]  # tests/faults/inject.py, as the product's probes loaded it
 from recipe.darl.trainers.one_step_off import BUFFER_FILE
 
 

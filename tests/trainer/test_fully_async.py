@@ -118,7 +118,7 @@ def make_fa_trainer(cfg, deltas: dict[str, float]) -> DarlFullyAsyncTrainerImpl:
     trainer = DarlFullyAsyncTrainerImpl.__new__(DarlFullyAsyncTrainerImpl)
     trainer.__dict__.update(donor.__dict__)
     trainer.replay = ReplayConfig.from_dict(dict(cfg.replay))
-    trainer.buffer = ReplayBuffer.from_config(trainer.replay)
+    trainer.buffer = ReplayBuffer(trainer.replay)
     trainer.require_batches = int(cfg.async_training.require_batches)
     trainer.current_param_version = 0
     trainer.trigger_parameter_sync_step = int(cfg.async_training.trigger_parameter_sync_step)

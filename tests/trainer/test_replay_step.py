@@ -7,7 +7,7 @@ from tensordict import TensorDict
 from verl.protocol import BatchData
 from verl.utils import tensordict_utils as tu
 
-from recipe.darl.core import ReplayConfig, batch_weights
+from recipe.darl.core import ReplayConfig, ReplayStep, Selection, StepPlan, batch_weights
 from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, minibatch_index
 
 
@@ -52,8 +52,9 @@ def test_loss_inputs_are_the_core_weights(batch_maker):
     old = batch.batch["rollout_log_probs"] + 0.1 * batch.batch["response_mask"]
     batch.batch["old_log_probs"] = old
     groups[1].record(5, old[2:])  # the version-4 group was rescored at step 5
-    replay = ReplayConfig(enable=True, clip_decay=0.5)
-    w = loss_inputs(batch, groups, replay, step=6, threshold=2.0, clip_low=0.2, clip_high=0.3, mini_batch_samples=4, dp_size=1)
+    step = ReplayStep(ReplayConfig(enable=True, clip_decay=0.5))
+    plan = StepPlan(version=6, selection=Selection([0, 1], 2, 2, False), trained=groups)
+    w = loss_inputs(batch, plan, step, threshold=2.0, clip_low=0.2, clip_high=0.3, mini_batch_samples=4, dp_size=1)
     known = torch.tensor([False, False, True, True])
     direct = batch_weights(batch.batch["response_mask"], old, batch.batch["rollout_log_probs"], torch.tensor([5, 5, 4, 4]),
                            "pmis", "ess", 2.0, recorded={5: (known, torch.where(known.unsqueeze(1), old, 0.0))})

@@ -42,7 +42,7 @@ def make_trainer(cfg, deltas: dict[str, float]) -> DarlTrainer:
     trainer = DarlTrainer.__new__(DarlTrainer)
     trainer.config = cfg
     trainer.replay = ReplayConfig.from_dict(dict(cfg.replay))
-    trainer.buffer = ReplayBuffer.from_config(trainer.replay)
+    trainer.buffer = ReplayBuffer(trainer.replay)
     trainer._step_state = None
     trainer._init_darts_trainer(cfg)  # rollout_shaping off in the composed config: no manager is called
     trainer.actor_rollout_wg = trainer.actor_wg = StandInActor()

@@ -1,25 +1,32 @@
-"""D-ARL core: replay buffer, variance-guided selection and the multi-behavior loss.
+"""D-ARL core: the group record, the replay buffer, selection, the per-source weights, the multi-behavior loss and
+the step that ties them together.
 
-Plain PyTorch: no Ray, no verl workers or trainer. The trainers, the tests and the study call these.
+Plain PyTorch: no Ray, no verl workers or trainer. The trainers, the tests and the study call these. Imports go
+one way: group <- prompt_replay <- buffer <- step; config, selection, scoring, weights and loss import no group.
 """
 
-from .buffer import EvictionStats, Group, ReplayBuffer, StepCandidates, gather_recorded
+from .buffer import EvictionStats, ReplayBuffer, StepCandidates
 from .config import ReplayConfig
+from .group import Group, gather_recorded
 from .loss import darl_policy_loss
 from .prompt_replay import PromptStore, history_group
 from .scoring import finite_samples, group_scores, sample_chi2
-from .selection import Selection, group_multiple, reward_variance, select_for_step, select_groups
-from .success import Success, SuccessStore, graft
+from .selection import Selection, group_multiple, select_for_step, select_groups
+from .step import LossInputs, ReplayStep, StepPlan
 from .weights import BatchWeights, batch_weights, behavior_log_denominator, clip_ranges, m2_gate, truncated_log_rho
 
 __all__ = [
     "BatchWeights",
     "EvictionStats",
     "Group",
+    "LossInputs",
+    "PromptStore",
     "ReplayBuffer",
     "ReplayConfig",
+    "ReplayStep",
     "Selection",
     "StepCandidates",
+    "StepPlan",
     "batch_weights",
     "behavior_log_denominator",
     "clip_ranges",
@@ -28,15 +35,10 @@ __all__ = [
     "gather_recorded",
     "group_multiple",
     "group_scores",
-    "m2_gate",
-    "PromptStore",
     "history_group",
+    "m2_gate",
     "sample_chi2",
-    "reward_variance",
     "select_for_step",
     "select_groups",
-    "Success",
-    "SuccessStore",
-    "graft",
     "truncated_log_rho",
 ]

@@ -9,24 +9,17 @@ from typing import Any, Literal, Mapping, Optional
 
 BehaviorWeight = Literal["own", "pmis"]
 SourceWeight = Literal["ess", "tokens"]
-Rescore = Literal["all", "lazy"]
-Order = Literal["chi2", "newest", "least_reused", "variance"]
-PromptReplayBudget = Literal["extra", "shared"]
-PromptReplayNorm = Literal["split", "mixed"]
-PromptReplayWhen = Literal["always", "zero_adv"]
+Order = Literal["newest", "least_reused"]
 
 # What `pmis: true` resolves the keys left null to: the preset (docs/algorithm.md). False turns a
 # numeric control off; `pmis: false` resolves them to the uniform-replay ablation (newest first, no controls).
 # behavior_clip_high false: the trust region bounds A < 0 only (docs/evidence.md: a bound on A > 0 cost 24 points in
-# the scarce regime and put the preset below decoupled PPO there). prompt_replay 16 with prompt_replay_when zero_adv
-# (per-prompt replay): a fresh group without advantage trains its prompt's 8 best stored responses in its place
-# (docs/evidence.md: above decoupled PPO in every one of six seeds at s = 4, where group replay alone was not)
+# the scarce regime and put the preset below decoupled PPO there). prompt_replay 16 (per-prompt replay): a fresh
+# group without advantage trains its prompt's 8 best stored responses in its place (docs/evidence.md, the headline)
 PRESET = {"order": "least_reused", "ratio": 0.5, "m2_budget": 0.04, "behavior_clip": 0.2, "behavior_clip_high": False,
-          "max_reuse": 2, "prompt_replay": 16, "prompt_replay_when": "zero_adv"}
+          "max_reuse": 2, "prompt_replay": 16}
 UNIFORM = {"order": "newest", "ratio": False, "m2_budget": False, "behavior_clip": False, "behavior_clip_high": False,
-           "max_reuse": False, "prompt_replay": False, "prompt_replay_when": "always"}
-FIRST_DESIGN = {"order": "chi2", "ratio": False, "m2_budget": False, "behavior_clip": False, "behavior_clip_high": False,
-                "max_reuse": False, "prompt_replay": False, "prompt_replay_when": "always"}
+           "max_reuse": False, "prompt_replay": False}
 
 
 @dataclass
@@ -37,7 +30,6 @@ class ReplayConfig:
     k: int = 4
     pmis: bool = True
     warmup: int = 5
-    max_score: Optional[float] = None
     filter_zero_adv: bool = True
     max_reuse: Optional[int | bool] = None
     max_groups: Optional[int] = None
@@ -45,24 +37,14 @@ class ReplayConfig:
     source_weight: Optional[SourceWeight] = None
     clip_decay: float = 1.0
     stop_grad: bool = True
-    rescore: Rescore = "all"
     order: Optional[Order] = None
     ratio: Optional[float | bool] = None
     m2_budget: Optional[float | bool] = None
     behavior_clip: Optional[float | bool] = None  # the trust region's eps for A < 0 (and for A > 0 unless set below)
     behavior_clip_high: Optional[float | bool] = None  # its eps for A > 0; false: no bound on that side
-    success: int | bool = False  # success replay: correct responses kept per prompt; false: off
-    success_max_age: Optional[int] = None  # steps a stored success stays usable; null: no limit
-    prompt_replay: Optional[int | bool] = None  # per-prompt replay (RePO): responses kept per prompt; false: off
-    # history groups trained on top of the step like fresh ones (extra), or first in line for the replay
-    # budget `ratio` x B, ahead of buffered groups (shared): a step then trains what the preset trains
-    prompt_replay_budget: PromptReplayBudget = "extra"
-    # GRPO advantages of a history group over its own n responses (split) or over the 2n of it and its fresh
-    # group together (mixed: RePO's two `adv_norm_mode`s)
-    prompt_replay_norm: PromptReplayNorm = "split"
-    # which returning prompts get a history group: every one (always), or only those whose fresh group has no
-    # advantage of its own (zero_adv: the history group trains in the place of the dropped fresh group)
-    prompt_replay_when: Optional[PromptReplayWhen] = None
+    # per-prompt replay (RePO): responses kept per prompt; a fresh group without advantage trains its prompt's n
+    # best stored responses in its place; false: off
+    prompt_replay: Optional[int | bool] = None
     # steps a stored response stays usable (bounds the store's memory where prompts do not come back); null: no limit
     prompt_replay_max_age: Optional[int] = None
 
@@ -103,55 +85,22 @@ class ReplayConfig:
             out.append(f"replay.k must be an integer >= 1, got {self.k!r}")
         if not _is_int(self.warmup) or self.warmup < 0:
             out.append(f"replay.warmup must be an integer >= 0, got {self.warmup!r}")
-        if self.max_score is not None:
-            if not _is_number(self.max_score) or not self.max_score > 0:
-                out.append(f"replay.max_score must be null or > 0, got {self.max_score!r}")
-            elif self.resolved("order") != "chi2":
-                out.append("replay.max_score needs replay.order=chi2: it thresholds the chi2 score, "
-                           f"and the order resolves to {self.resolved('order')!r}")
         if self.max_groups is not None and (not _is_int(self.max_groups) or self.max_groups < 1):
             out.append(f"replay.max_groups must be null or an integer >= 1, got {self.max_groups!r}")
         if not (self.max_reuse is None or self.max_reuse is False) and (not _is_int(self.max_reuse) or self.max_reuse < 1):
             out.append(f"replay.max_reuse must be null, false or an integer >= 1, got {self.max_reuse!r}")
-        if self.order not in (None, "chi2", "newest", "least_reused", "variance"):
-            out.append(f"replay.order must be null, 'chi2', 'newest', 'least_reused' or 'variance', got {self.order!r}")
-        if self.success is not False and (not _is_int(self.success) or self.success < 1):
-            out.append(f"replay.success must be false or an integer >= 1 (successes kept per prompt), got {self.success!r}")
-        prompt_store_on = self.resolved("prompt_replay") is not None  # null follows pmis
-        for key, store, hint, on in (("success_max_age", "success", 1, self.success is not False),
-                                     ("prompt_replay_max_age", "prompt_replay", 16, prompt_store_on)):
-            age = getattr(self, key)
-            if age is not None and (not _is_int(age) or age < 1):
-                out.append(f"replay.{key} must be null or an integer >= 1, got {age!r}")
-            elif age is not None and not on:
-                out.append(f"replay.{key} is set but replay.{store} is off: set replay.{store}={hint} to use it")
+        if self.order not in (None, "newest", "least_reused"):
+            out.append(f"replay.order must be null, 'newest' or 'least_reused', got {self.order!r}")
+        age = self.prompt_replay_max_age
+        if age is not None and (not _is_int(age) or age < 1):
+            out.append(f"replay.prompt_replay_max_age must be null or an integer >= 1, got {age!r}")
+        elif age is not None and self.resolved("prompt_replay") is None:  # null follows pmis
+            out.append("replay.prompt_replay_max_age is set but replay.prompt_replay is off: set "
+                       "replay.prompt_replay=16 to use it")
         if (self.prompt_replay is not None and self.prompt_replay is not False
                 and (not _is_int(self.prompt_replay) or self.prompt_replay < 2)):
             out.append(f"replay.prompt_replay must be null, false or an integer >= 2 (responses kept per prompt), "
                        f"got {self.prompt_replay!r}")
-        if self.prompt_replay_budget not in ("extra", "shared"):
-            out.append(f"replay.prompt_replay_budget must be 'extra' or 'shared', got {self.prompt_replay_budget!r}")
-        elif self.prompt_replay_budget == "shared" and self.resolved("ratio") is None:
-            out.append("replay.prompt_replay_budget=shared shares the replay budget replay.ratio x B, "
-                       "but replay.ratio is off (false, or null with replay.pmis=false): set replay.ratio")
-        if self.prompt_replay_norm not in ("split", "mixed"):
-            out.append(f"replay.prompt_replay_norm must be 'split' or 'mixed', got {self.prompt_replay_norm!r}")
-        elif self.prompt_replay_norm == "mixed":
-            # mixed advantages need the fresh group and its history group in the same trained batch
-            if self.prompt_replay_budget == "shared":
-                out.append("replay.prompt_replay_norm=mixed needs replay.prompt_replay_budget=extra: under shared a "
-                           "history group can be left out of the step its fresh group is trained in")
-            if self.resolved("ratio") is None:
-                out.append("replay.prompt_replay_norm=mixed needs replay.ratio (not false): with a fixed budget a "
-                           "fresh group can be left out of the step its history group is trained in")
-        if self.prompt_replay_when not in (None, "always", "zero_adv"):
-            out.append(f"replay.prompt_replay_when must be null, 'always' or 'zero_adv', got {self.prompt_replay_when!r}")
-        for key, unset in (("prompt_replay_budget", ("extra",)), ("prompt_replay_norm", ("split",)),
-                           ("prompt_replay_when", (None, "always"))):
-            if getattr(self, key) not in unset and not prompt_store_on:
-                out.append(f"replay.{key}={getattr(self, key)} but per-prompt replay is off (replay.prompt_replay "
-                           "false, or null with replay.pmis=false): set replay.prompt_replay (responses kept per "
-                           "prompt) to use it")
         for name, low, high in (("ratio", 0.0, math.inf), ("m2_budget", 0.0, math.inf), ("behavior_clip", 0.0, 1.0)):
             value = getattr(self, name)
             if value is None or value is False:
@@ -170,8 +119,6 @@ class ReplayConfig:
             out.append(f"replay.source_weight must be null, 'ess' or 'tokens', got {self.source_weight!r}")
         if not _is_number(self.clip_decay) or not 0.0 < self.clip_decay <= 1.0:
             out.append(f"replay.clip_decay must be in (0, 1], got {self.clip_decay!r}")
-        if self.rescore not in ("all", "lazy"):
-            out.append(f"replay.rescore must be 'all' or 'lazy', got {self.rescore!r}")
         return out
 
     def problems_with_budget(self, train_batch_size: int) -> list[str]:
@@ -185,7 +132,7 @@ class ReplayConfig:
 
     def resolved(self, name: str) -> Any:
         """A key of PRESET (`order`, `ratio`, `m2_budget`, `behavior_clip`, `behavior_clip_high`, `max_reuse`,
-        `prompt_replay`, `prompt_replay_when`): the value set, or the preset's (`pmis: true`) or uniform replay's
+        `prompt_replay`): the value set, or the preset's (`pmis: true`) or uniform replay's
         (`pmis: false`) when null. False (off) is returned as None."""
         value = getattr(self, name)
         if value is None:

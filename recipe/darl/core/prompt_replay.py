@@ -1,87 +1,137 @@
-"""Per-prompt replay (`replay.prompt_replay`, RePO): a returning prompt's past responses form a group of their own.
+"""Per-prompt replay (`replay.prompt_replay`, RePO): a returning prompt's past responses train in the place of a
+fresh group without advantage.
 
-RePO (Li et al. 2025, arXiv 2506.09340) keeps each prompt's most recent responses; when the prompt comes back,
-the best of them are trained beside its fresh group. Its released recipe (Qwen3-1.7B, 8 fresh + 8 replayed per
-prompt, `highest_k`, `adv_norm_mode=split`) normalises the replayed responses' advantages among themselves.
-Here, with fixed group size n: the store keeps the `per_prompt` most recent responses the prompt's own policy
-generated; a fresh group whose prompt has at least n stored gets a history group: the n stored responses with
-the highest reward (ties: newest first), each with its own behavior version and rollout log-probs, under its own
-uid, so GRPO normalises it alone (RePO's "split"); with `prompt_replay_norm: mixed` it carries its fresh group's
-uid as its advantage index instead, so GRPO normalises the 2n responses together (RePO's "mixed"), and a fresh
-group whose own rewards are all equal is trained beside its history group when the 2n are not. With
-`prompt_replay_when: zero_adv` only a fresh group whose rewards are all equal gets one (in its place); with
-`prompt_replay_max_age: A` a stored response is dropped A steps after it was stored, which bounds the store where
-prompts do not come back (at most A x B x n responses for B prompts a step). The step trains a history group like
-a fresh group (replayed groups never displace it); it is not put in the buffer (its responses are in
-the store already), and one whose rewards are all equal (all 2n, under mixed) is dropped (no advantage). The
-multi-behavior objective weighs each response against its own behavior policy, as for a grafted success. Plain
-PyTorch, no Ray: the buffer calls it.
+RePO (Li et al. 2025, arXiv 2506.09340) keeps each prompt's most recent responses and trains the best of them
+when the prompt comes back, their advantages normalised among themselves (its `adv_norm_mode=split`). Here, with
+fixed group size n: the store keeps the `per_prompt` most recent responses the prompt's own policy generated; a
+fresh group whose rewards are all equal (GRPO gives it no advantage) and whose prompt has at least n responses
+stored gets a history group: the n stored responses with the highest reward (ties: newest first), each with its
+own behavior version and rollout log-probs, under its own uid. The step trains it like a fresh group; it is never
+buffered (its responses are in the store already), and one whose rewards are all equal is dropped. The
+multi-behavior objective weighs each response against its own behavior policy. With `max_age: A` a stored
+response is dropped A steps after it was stored, which bounds the store where prompts do not come back (at most
+A x B x n responses for B prompts a step).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 
-from .success import GROUP_FIELDS, VERSION_FIELDS, Success, SuccessStore
-
-if TYPE_CHECKING:  # the buffer imports this module
-    from .buffer import Group
+from .group import Group
 
 HISTORY_SUFFIX = ":history"  # appended to the fresh group's uid
+# non-tensor fields that describe the group, not the sample; version stamps that describe each sample's behavior
+GROUP_FIELDS = ("uid",)
+VERSION_FIELDS = ("min_global_steps", "max_global_steps")
 
 
-class PromptStore(SuccessStore):
-    """Per prompt, the `per_prompt` most recent responses of any reward (the success store's bookkeeping)."""
+@dataclass(eq=False)
+class StoredResponse:
+    """One stored response. T = its length in tokens."""
 
-    only_correct = False
+    version: int  # behavior version that generated it
+    step: int  # the step it arrived at
+    response_ids: torch.Tensor  # [T] int32
+    response_mask: torch.Tensor  # [T] bool
+    rollout_log_probs: torch.Tensor  # [T] float32, log mu_version
+    reward: float
+    non_tensors: dict[str, Any] = field(default_factory=dict)  # its per-sample fields (reward extras, stamps)
 
-    def __init__(self, per_prompt: int, norm: str = "split", when: str = "always",
-                 max_age: Optional[int] = None) -> None:
-        self.norm = norm  # split | mixed (`replay.prompt_replay_norm`)
-        self.when = when  # always | zero_adv (`replay.prompt_replay_when`)
-        super().__init__(per_prompt, max_age)  # `replay.prompt_replay_max_age`
-        self.totals["history_groups"] = 0
+    @property
+    def length(self) -> int:
+        return int(self.response_ids.shape[0])
 
-    def _check(self, per_prompt: int, max_age: Optional[int]) -> None:
-        from .config import ReplayConfig
 
-        # names the key of a bad value
-        ReplayConfig(prompt_replay=per_prompt, prompt_replay_norm=self.norm, prompt_replay_when=self.when,
-                     prompt_replay_max_age=max_age)
+def sample_segment(group: Group, i: int) -> slice:
+    """Token slice of response i in the group's packed tensors."""
+    start = int(group.lengths[:i].sum())
+    return slice(start, start + int(group.lengths[i]))
+
+
+class PromptStore:
+    """Per prompt (a digest of its token ids), the `per_prompt` most recent responses, usable for `max_age` steps.
+    The values are checked by `ReplayConfig`, which builds the store."""
+
+    def __init__(self, per_prompt: int, max_age: Optional[int] = None) -> None:
+        self.per_prompt = per_prompt
+        self.max_age = max_age
+        self.store: dict[str, list[StoredResponse]] = {}  # prompt key -> newest last
+        self.totals = {"stored": 0, "expired": 0, "history_groups": 0}
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.store.values())
 
     def history_groups(self, fresh: list[Group]) -> list[Group]:
-        """One history group per fresh group whose prompt has at least n responses stored (from earlier
-        steps: call before `add_from` of this step; under `when: zero_adv` only for a fresh group whose rewards are
-        all equal), each stamped with its fresh group's arrival."""
+        """One history group per fresh group with equal rewards whose prompt has at least n responses stored (from
+        earlier steps: call before `add_from` of this step), each stamped with its fresh group's arrival."""
         out = []
         for group in fresh:
             stored = self.store.get(group.prompt_key, [])
-            if group.n < 2 or len(stored) < group.n or (self.when == "zero_adv" and not group.zero_advantage):
+            if group.n < 2 or len(stored) < group.n or not group.zero_advantage:
                 continue
             newest_first = list(reversed(stored))
             picks = sorted(newest_first, key=lambda s: -s.reward)[: group.n]  # stable: ties stay newest first
-            out.append(history_group(group, picks, mixed=self.norm == "mixed"))
+            out.append(history_group(group, picks))
         self.totals["history_groups"] += len(out)
         return out
 
+    def add_from(self, groups: list[Group], step: int) -> int:
+        """Stores the responses the groups' own policy generated; drops those past `max_age`. Returns how many
+        were stored."""
+        stored = 0
+        for group in groups:
+            own = (group.versions == group.version).nonzero().flatten().tolist()
+            if not own:
+                continue
+            entry = self.store.setdefault(group.prompt_key, [])
+            for i in own:
+                seg = sample_segment(group, i)
+                entry.append(StoredResponse(
+                    version=group.version, step=step, response_ids=group.response_ids[seg].clone(),
+                    response_mask=group.response_mask[seg].clone(),
+                    rollout_log_probs=group.rollout_log_probs[seg].clone(), reward=float(group.rewards[i]),
+                    non_tensors={k: v[i] for k, v in group.non_tensors.items() if k not in GROUP_FIELDS}))
+                del entry[:-self.per_prompt]
+                stored += 1
+        self.totals["stored"] += stored
+        for key in list(self.store) if self.max_age is not None else ():
+            kept = [s for s in self.store[key] if step + 1 - s.step <= self.max_age]
+            self.totals["expired"] += len(self.store[key]) - len(kept)
+            if kept:
+                self.store[key] = kept
+            else:
+                del self.store[key]
+        return stored
 
-def history_group(fresh: Group, picks: list[Success], mixed: bool = False) -> Group:
+    def stats(self) -> dict[str, float]:
+        # 9 bytes per token, as the buffer: int32 id, bool mask, float32 log-prob
+        return {"prompts": len(self.store), "responses": len(self),
+                "bytes": sum(s.length * 9 for v in self.store.values() for s in v)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"store": {k: [copy.deepcopy(vars(s)) for s in v] for k, v in self.store.items()},
+                "totals": dict(self.totals)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.store = {k: [StoredResponse(**copy.deepcopy(s)) for s in v] for k, v in state["store"].items()}
+        self.totals = {**self.totals, **{k: v for k, v in state["totals"].items() if k in self.totals}}
+
+
+def history_group(fresh: Group, picks: list[StoredResponse]) -> Group:
     """A group of the stored responses `picks` ([n]) to the prompt of `fresh`: fresh's prompt and per-prompt
-    fields, each response's own tokens, log-probs, reward, version and per-sample fields, uid `fresh.uid:history`.
-    mixed: its advantage index (and the `uid` field verl's GRPO groups rows by) is `fresh.uid`."""
-    from .buffer import Group
-
+    fields, each response's own tokens, log-probs, reward, version and per-sample fields, uid `fresh.uid:history`."""
     versions = torch.tensor([s.version for s in picks], dtype=torch.int64)
     uid = fresh.uid + HISTORY_SUFFIX
-    index = fresh.uid if mixed else uid
     non_tensors = {}
     for key, values in fresh.non_tensors.items():
         values = values.copy()
         for i, s in enumerate(picks):
             if key in GROUP_FIELDS:
-                values[i] = index
+                values[i] = uid
             elif key in VERSION_FIELDS:
                 values[i] = s.version
             elif key in s.non_tensors:
@@ -100,5 +150,4 @@ def history_group(fresh: Group, picks: list[Success], mixed: bool = False) -> Gr
         arrival_step=fresh.arrival_step,
         seq=fresh.seq,
         sample_versions=versions,
-        advantage_uid=fresh.uid if mixed else None,
     )

@@ -214,11 +214,11 @@ def guarded_verl_save(trainer, save: Callable[[], Any], step: int) -> Any:
     the previous step's actor shards as soon as the new ones are written, before `data.pt` and the tracker, so a
     kill in between leaves the tracker naming a step without weights. Here verl keeps everything, and once the
     tracker names the new step, `rotate` removes the older folders this trainer saved, as verl would, but whole
-    (verl leaves their `data.pt` and buffer files behind). Fault points: `verl_save` (after the actor shards),
+    (verl leaves their `data.pt` and buffer files behind). Probe points (recipe/darl/probes.py): `verl_save` (after the actor shards),
     `after_save` (tracker written)."""
     from omegaconf import open_dict
 
-    from recipe.darl.probes import after_call, fault_point
+    from recipe.darl.probes import probe, probe_after
 
     cfg = trainer.config.trainer
     keep = 1 if cfg.get("remove_previous_ckpt_in_save", False) else cfg.get("max_actor_ckpt_to_keep", None)
@@ -228,13 +228,13 @@ def guarded_verl_save(trainer, save: Callable[[], Any], step: int) -> Any:
         for k in saved:
             cfg[k] = False if k == "remove_previous_ckpt_in_save" else None
     try:
-        with after_call(trainer.actor_rollout_wg, "save_checkpoint", "verl_save", step):
+        with probe_after(trainer.actor_rollout_wg, "save_checkpoint", "verl_save", step):
             result = save()
     finally:
         with open_dict(cfg):
             for k, v in saved.items():
                 cfg[k] = v
-    fault_point("after_save", step)
+    probe("after_save", step)
     saved_steps = trainer.__dict__.setdefault("_darl_saved_steps", [])
     if step not in saved_steps:
         saved_steps.append(step)

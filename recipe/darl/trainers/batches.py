@@ -3,7 +3,7 @@
 - `groups_from_batch`: a fresh, rewarded batch -> `Group`s (by `uid`, version = `min_global_steps`)
 - `batch_from_groups`: groups -> a padded DataProto in verl's layout (the merged candidate batch)
 - `minibatch_index`: which optimizer mini-batch each sample lands in, as verl's actor splits it
-- `loss_inputs`: the four per-token tensors `actor_loss.darl_loss` reads
+- `loss_inputs`: the four per-token tensors `workers/actor_loss.darl_loss` reads, from `ReplayStep.loss_inputs`
 - `replay_metrics`: the `replay/` metrics of one step
 """
 
@@ -17,8 +17,7 @@ import torch
 from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
-from ..core import BatchWeights, Group, Selection, StepCandidates, batch_weights, clip_ranges, gather_recorded
-from ..core.config import ReplayConfig
+from ..core import BatchWeights, Group, ReplayStep, StepPlan
 
 # tensor keys of a generated batch that groups can rebuild; any other key is an error, not a silent drop
 REBUILT_KEYS = {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
@@ -135,56 +134,41 @@ def minibatch_index(num_samples: int, mini_batch_samples: int, dp_size: int) -> 
 
 def loss_inputs(
     batch: DataProto,
-    groups: list[Group],
-    replay: ReplayConfig,
-    step: int,
+    plan: StepPlan,
+    step: ReplayStep,
     threshold: float,
     clip_low: float,
     clip_high: float,
     mini_batch_samples: int,
     dp_size: int,
 ) -> BatchWeights:
-    """Adds `darl_log_denominator`, `darl_token_coef`, `darl_clip_low/high` ([B, L]) to `batch`.
-
-    `batch` holds the samples of `groups` in the same order, with `old_log_probs`.
-    """
+    """Adds `darl_log_denominator`, `darl_token_coef`, `darl_clip_low/high` ([B, L]) to `batch`, the fields
+    `workers/actor_loss.darl_loss` reads. `batch` holds the samples of `plan.trained` in order, with
+    `old_log_probs`."""
     mask = batch.batch["response_mask"]
     width = mask.shape[1]
-    versions = torch.cat([g.versions for g in groups])
-    weights = batch_weights(
-        response_mask=mask,
-        old_log_probs=batch.batch["old_log_probs"],
-        rollout_log_probs=batch.batch["rollout_log_probs"],
-        versions=versions,
-        behavior_weight=replay.resolved_behavior_weight,
-        source_weight=replay.resolved_source_weight,
-        threshold=threshold,
-        recorded=gather_recorded(groups, width) if replay.resolved_behavior_weight == "pmis" else None,
-        minibatch_index=minibatch_index(len(versions), mini_batch_samples, dp_size),
-        m2_budget=replay.resolved("m2_budget"),
-    )
-    low, high = clip_ranges(versions, step, clip_low, clip_high, replay.clip_decay)
-    batch.batch["darl_log_denominator"] = weights.log_denominator.float()
-    batch.batch["darl_token_coef"] = weights.token_coef.float()
-    batch.batch["darl_clip_low"] = low.unsqueeze(1).expand(-1, width).contiguous()
-    batch.batch["darl_clip_high"] = high.unsqueeze(1).expand(-1, width).contiguous()
-    return weights
+    inputs = step.loss_inputs(plan, mask, batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], threshold,
+                              clip_low, clip_high, minibatch_index(mask.shape[0], mini_batch_samples, dp_size))
+    batch.batch["darl_log_denominator"] = inputs.weights.log_denominator.float()
+    batch.batch["darl_token_coef"] = inputs.weights.token_coef.float()
+    batch.batch["darl_clip_low"] = inputs.clip_low.unsqueeze(1).expand(-1, width).contiguous()
+    batch.batch["darl_clip_high"] = inputs.clip_high.unsqueeze(1).expand(-1, width).contiguous()
+    return inputs.weights
 
 
 def replay_metrics(
-    step: int,
-    cands: StepCandidates,
-    candidate_scores: list[float],
-    selection: Selection,
+    plan: StepPlan,
+    trained_scores: list[float],
     weights: Optional[BatchWeights],
     buffer_stats: dict[str, Any],
     evicted: dict[str, int],
     timing: dict[str, float],
 ) -> dict[str, float]:
-    """The `replay/` metrics of one step (docs/metrics.md); scalars only, as verl's loggers want."""
+    """The `replay/` metrics of one step (docs/metrics.md); scalars only, as verl's loggers want.
+    trained_scores: chi2 group scores of `plan.trained`."""
+    step, cands, selection = plan.version, plan.cands, plan.selection
     groups = cands.candidates
-    chosen = set(selection.selected)
-    sel_groups = [groups[i] for i in selection.selected]
+    sel_groups = plan.trained
     trained = {id(g) for g in sel_groups}
     history = {id(g) for g in cands.history}
     fresh = {id(g) for g in cands.fresh}  # history groups included
@@ -195,15 +179,12 @@ def replay_metrics(
         "replay/skipped_update": float(selection.skipped),
         "replay/warmup": float(cands.warmup),
         "replay/dropped_zero_adv": cands.dropped_zero_adv,
-        "replay/success_grafted": cands.grafted,
         # fresh groups the split's rounding left out of this step's update: they enter the buffer untrained
         # (reuse 0), so the preset's least-reused order replays them first while they are in the window
         "replay/fresh_deferred": sum(1 for g in cands.fresh if id(g) not in trained and id(g) not in history),
         # per-prompt replay: history groups built (informative ones) and dropped for equal rewards
         "replay/history_groups": len(cands.history),
         "replay/history_zero_adv": cands.history_zero_adv,
-        # prompt_replay_norm=mixed: equal-reward fresh groups trained beside their history group (not buffered)
-        "replay/history_partners": len(cands.history_partners),
         "replay/history_trained": sum(1 for g in sel_groups if id(g) in history),
         # buffered groups (from earlier steps) trained this step
         "replay/replayed_trained": sum(1 for g in sel_groups if id(g) not in fresh),
@@ -213,8 +194,7 @@ def replay_metrics(
         "replay/reuse_mean": buffer_stats["reuse_mean"],
         "replay/reuse_max": buffer_stats["reuse_max"],
     }
-    for key in ("success_prompts", "success_responses", "success_bytes", "history_prompts", "history_responses",
-                "history_bytes"):
+    for key in ("history_prompts", "history_responses", "history_bytes"):
         if key in buffer_stats:
             m[f"replay/{key}"] = buffer_stats[key]
     for name, count in evicted.items():
@@ -229,15 +209,14 @@ def replay_metrics(
         for s, c in zip(*np.unique(staleness, return_counts=True)):
             m[f"replay/staleness_hist/s{int(s)}"] = float(c) / len(staleness)
     per_version: dict[int, list[int]] = {}
-    for i, g in enumerate(groups):
-        per_version.setdefault(g.version, [0, 0])[int(i in chosen)] += 1
+    for g in groups:
+        per_version.setdefault(g.version, [0, 0])[int(id(g) in trained)] += 1
     for version, (rejected, taken) in per_version.items():
         m[f"replay/selected_fraction/s{step - version}"] = taken / (taken + rejected)
-    for label, idx in (("selected", chosen), ("rejected", set(range(len(groups))) - chosen)):
-        vals = [candidate_scores[i] for i in idx if np.isfinite(candidate_scores[i])]
-        if vals:
-            m[f"replay/chi2_{label}_mean"] = float(np.mean(vals))
-            m[f"replay/chi2_{label}_max"] = float(np.max(vals))
+    vals = [s for s in trained_scores if np.isfinite(s)]
+    if vals:
+        m["replay/chi2_selected_mean"] = float(np.mean(vals))
+        m["replay/chi2_selected_max"] = float(np.max(vals))
     if weights is not None:
         m["replay/truncated_fraction"] = weights.truncated_fraction
         m["replay/m2_gated_fraction"] = weights.metrics["m2_gated_fraction"]

@@ -44,7 +44,7 @@ from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncT
 
 from recipe.darl.trainers.darts_mixin import DartsTrainerMixin
 from recipe.darl.robustness.checkpoint_files import check_resume, guarded_verl_save, read_checked, write_checked
-from recipe.darl.probes import fault_point
+from recipe.darl.probes import probe
 from recipe.darl.robustness.reward_guard import RewardGuardMixin
 from recipe.darl.robustness.rollout_watch import (RolloutServerError, generation_timeout, guard_generation, guard_weight_sync_async,
                                   server_error, server_states)
@@ -90,7 +90,7 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, DartsTraine
         self.save_replay(folder)
         self.save_darts(folder)
         self.save_queue(folder)
-        fault_point("after_buffer", version)
+        probe("after_buffer", version)
         return guarded_verl_save(self, super()._save_checkpoint, version)
 
     def save_queue(self, folder: str) -> int:
@@ -167,7 +167,7 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, DartsTraine
             timeout_s=generation_timeout(self.config), handles=handles, addresses=addresses)
 
     def _fit_update_actor(self, batch):
-        fault_point("update", self.global_steps)  # trainer step; the rollouter keeps generating meanwhile
+        probe("update", self.global_steps)  # trainer step; the rollouter keeps generating meanwhile
         return super()._fit_update_actor(batch)
 
     def _fit_save_checkpoint(self, force=False):

@@ -13,7 +13,7 @@ from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrain
 
 from recipe.darl.trainers.darts_mixin import DartsTrainerMixin
 from recipe.darl.robustness.checkpoint_files import check_resume, guarded_verl_save
-from recipe.darl.probes import fault_point
+from recipe.darl.probes import probe
 from recipe.darl.robustness.reward_guard import RewardGuardMixin
 from recipe.darl.robustness.rollout_watch import generation_timeout, guard_generation, guard_weight_sync, server_error, server_states_now
 from recipe.darl.robustness.stop_request import GracefulStopMixin
@@ -38,7 +38,7 @@ class DarlTrainer(GracefulStopMixin, RewardGuardMixin, DartsTrainerMixin, Replay
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}")
         self.save_replay(folder)
         self.save_darts(folder)
-        fault_point("after_buffer", step)
+        probe("after_buffer", step)
         return guarded_verl_save(self, super()._save_checkpoint, step)
 
     def _load_checkpoint(self):
@@ -87,7 +87,7 @@ class DarlTrainer(GracefulStopMixin, RewardGuardMixin, DartsTrainerMixin, Replay
             raise server_error(what, f"a rollout server died ({type(e).__name__})", states) from e
 
     def _fit_update_actor(self, batch):
-        fault_point("update", self.global_steps)
+        probe("update", self.global_steps)
         return super()._fit_update_actor(batch)
 
     def _fit_save_checkpoint(self):

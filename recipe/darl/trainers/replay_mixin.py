@@ -1,8 +1,11 @@
 """The D-ARL replay step, shared by the one-step-off and the fully-async trainer (docs/algorithm.md, 'The replay step').
 
-    fresh batch (version v) -> reward -> merge with buffered candidates -> old_log_prob recompute
-    -> record -> select whole groups -> advantages on the selected groups
-    -> actor update with the D-ARL loss -> insert and evict -> replay/ metrics
+    fresh batch (version v) -> reward -> ReplayStep.plan (candidates, selection) -> old_log_prob forward of the
+    selected groups -> ReplayStep.record -> loss inputs -> advantages on the selected groups
+    -> actor update with the D-ARL loss -> ReplayStep.finish (insert and evict) -> replay/ metrics
+
+The step's decisions are `recipe.darl.core.ReplayStep`'s, the same object the study harness calls; this mixin
+owns only verl's side of it: DataProto layouts, the workers' batch split, the actor's loss fields and metrics.
 
 `ReplayStepMixin` overrides the fit_step hooks both verl trainers inherit from `SeparateRayPPOTrainer`
 (`_init_models`, `_fit_compute_log_prob`, `_fit_update_actor`) and calls `super()` for verl's own work,
@@ -28,9 +31,8 @@ from verl.utils.fs import local_mkdir_safe
 
 from recipe.darl.workers.actor_loss import darl_loss
 from recipe.darl.robustness.checkpoint_files import read_checked, write_checked
-from recipe.darl.probes import fault_point
-from ..core import Group, ReplayBuffer, Selection, StepCandidates, group_multiple, group_scores, sample_chi2, select_for_step
-from ..core.config import ReplayConfig
+from recipe.darl.probes import probe
+from ..core import Group, ReplayBuffer, ReplayConfig, ReplayStep, StepPlan, group_multiple, group_scores, sample_chi2
 from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, replay_metrics
 
 BUFFER_FILE = "darl_replay.pt"
@@ -51,8 +53,12 @@ class ReplayStepMixin:
 
     def _init_replay(self, config) -> None:
         self.replay = ReplayConfig.from_dict(OmegaConf.to_container(config.replay, resolve=True))
-        self.buffer: Optional[ReplayBuffer] = ReplayBuffer.from_config(self.replay) if self.replay.enable else None
+        self.replay_step: Optional[ReplayStep] = ReplayStep(self.replay) if self.replay.enable else None
         self._step_state: Optional[dict] = None
+
+    @property
+    def buffer(self) -> Optional[ReplayBuffer]:
+        return self.replay_step.buffer if self.replay_step is not None else None
 
     # ---- setup -------------------------------------------------------------------------------
 
@@ -79,80 +85,47 @@ class ReplayStepMixin:
             return super()._fit_compute_log_prob(batch)
         timing: dict[str, float] = {}
         t0 = time.perf_counter()
-        n = self.config.actor_rollout_ref.rollout.n
         for key, values in self.reward_extra_infos_dict.items():  # stored with the groups, like the rewards
             batch.non_tensor_batch.setdefault(key, np.asarray(values))
         fresh = groups_from_batch(batch, self.reward_tensor)
         self.metrics["replay/fresh_version"] = max(g.version for g in fresh)  # the rollout's version stamp
-        cands = self.buffer.begin_step(fresh, self._replay_version())
-        timing["buffer"] = time.perf_counter() - t0
-        prompt_width = batch.batch["prompts"].shape[1]
-        response_width = batch.batch["responses"].shape[1]
-        if not cands.candidates:
-            self._step_state = {"cands": cands, "selection": Selection([], 0, 0, True, "no candidate groups"),
-                                "scores": [], "weights": None, "timing": timing}
-            return super()._fit_compute_log_prob(batch)
-
-        if self.replay.resolved("order") != "chi2":
-            # nothing to score: select first, then recompute pi_old of the selected groups only
-            t0 = time.perf_counter()
-            selection = self._select(cands.candidates, None, cands)
-            timing["select"] = time.perf_counter() - t0
-            picked = [cands.candidates[i] for i in selection.selected]
-            scores = [float("nan")] * len(cands.candidates)
-            if picked:
-                part = self._recompute(picked, prompt_width, response_width, batch.meta_info, timing)
-                for i, s in zip(selection.selected, self._score(picked, part, timing)):
-                    scores[i] = s
-                merged, rows_of = part, picked
-            else:  # no update this step; the later hooks still want old log-probs
-                merged = self._recompute(cands.candidates, prompt_width, response_width, batch.meta_info, timing)
-                rows_of = cands.candidates
-        else:
-            if self.replay.rescore == "lazy":
-                merged, scores = self._score_lazily(cands, prompt_width, response_width, batch.meta_info, timing)
-            else:
-                merged = self._recompute(cands.candidates, prompt_width, response_width, batch.meta_info, timing)
-                scores = self._score(cands.candidates, merged, timing)
-            rows_of = cands.candidates  # the groups whose rows `merged` holds, in order (lazy: the kept ones)
-            t0 = time.perf_counter()
-            selection = self._select(cands.candidates, scores, cands)
-            timing["select"] = time.perf_counter() - t0
-        state = {"cands": cands, "selection": selection, "scores": scores, "weights": None, "timing": timing}
+        plan = self.replay_step.plan(fresh, self._replay_version(), self._replay_budget(), *self._group_multiples())
+        timing["select"] = time.perf_counter() - t0
+        state = {"plan": plan, "scores": [], "weights": None, "timing": timing}
         self._step_state = state
-        if selection.skipped:
-            print(f"[D-ARL] step {self._replay_version()}: no update ({selection.reason})")
-            return self._use_rewards_of(merged)
+        if plan.cands is not None and not plan.cands.candidates:
+            return super()._fit_compute_log_prob(batch)
+        widths = batch.batch["prompts"].shape[1], batch.batch["responses"].shape[1]
+        if plan.selection.skipped:
+            # no update this step; the later hooks still want old log-probs
+            print(f"[D-ARL] step {plan.version}: no update ({plan.selection.reason})")
+            return self._use_rewards_of(self._old_log_probs(plan.cands.candidates, *widths, batch.meta_info, timing))
 
-        # train in arrival order, so mini-batches mix scores instead of sorting them
-        order = sorted(selection.selected, key=lambda i: cands.candidates[i].seq)
-        selected = [cands.candidates[i] for i in order]
-        row = {id(g): j for j, g in enumerate(rows_of)}
-        chosen = merged.select_idxs(np.concatenate([np.arange(row[id(g)] * n, (row[id(g)] + 1) * n) for g in selected]))
+        # one batched old_log_prob forward over the trained groups only, recorded as this version's pi_old
+        chosen = self._old_log_probs(plan.trained, *widths, batch.meta_info, timing)
         t0 = time.perf_counter()
-        state["mini_batch_groups"] = min(len(selected), self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
+        self.replay_step.record(plan, chosen.batch["old_log_probs"])
+        state["scores"] = self._chi2(plan.trained, chosen)
+        n = self.config.actor_rollout_ref.rollout.n
+        state["mini_batch_groups"] = min(len(plan.trained), self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
         state["weights"] = loss_inputs(
-            chosen, selected, self.replay, self._replay_version(), self._threshold(),
+            chosen, plan, self.replay_step, self._threshold(),
             clip_low=self._clip("clip_ratio_low"), clip_high=self._clip("clip_ratio_high"),
             mini_batch_samples=state["mini_batch_groups"] * n, dp_size=self._dp_size(),
         )
         timing["weights"] = time.perf_counter() - t0
-        state["selected_groups"] = selected
         return self._use_rewards_of(chosen)
 
-    def _select(self, groups: list[Group], scores: Optional[list[float]], cands: StepCandidates) -> Selection:
-        """Whole mini-batches in `replay.order` (fresh groups first with `replay.ratio`); fewer eligible than
-        one mini-batch: one smaller mini-batch, as small as the workers' split allows (dp shards, fixed
-        micro-batches). scores: chi2 group scores, needed only by order chi2; cands: the step's candidates (its
-        fresh and history groups)."""
+    def _group_multiples(self) -> tuple[int, Optional[int]]:
+        """(groups of a full mini-batch as the workers split it, the fewest groups one smaller mini-batch may hold:
+        dp shards, fixed micro-batches; None when no smaller one fits)."""
         n = self.config.actor_rollout_ref.rollout.n
         actor = self.config.actor_rollout_ref.actor
         dp = self._dp_size()
         per_step = dp if actor.get("use_dynamic_bsz", False) else dp * int(actor.ppo_micro_batch_size_per_gpu or 1)
         full = group_multiple(n, actor.ppo_mini_batch_size, dp)
         smallest = per_step // math.gcd(per_step, n)
-        return select_for_step(groups, cands.fresh, self.replay, self._replay_budget(), full,
-                               smallest if smallest <= full else None, scores, cands.history)
+        return full, (smallest if smallest <= full else None)
 
     def _use_rewards_of(self, batch: DataProto) -> DataProto:
         """Points the step's rewards (read by `_fit_compute_advantage`) and token counts at the rows of `batch`."""
@@ -166,77 +139,34 @@ class ReplayStepMixin:
         value = actor.get(key)
         return float(actor.clip_ratio if value is None else value)
 
-    def _recompute(self, groups: list[Group], prompt_width: int, response_width: int, meta_info: dict,
-                   timing: dict) -> DataProto:
-        """One batched old_log_prob forward over `groups`, recorded in each group as this step's version."""
+    def _old_log_probs(self, groups: list[Group], prompt_width: int, response_width: int, meta_info: dict,
+                       timing: dict) -> DataProto:
+        """The groups in verl's layout with `old_log_probs`: one batched forward of verl's old_log_prob hook."""
         merged = batch_from_groups(groups, prompt_width, response_width, meta_info)
         merged.meta_info["global_token_num"] = merged.batch["attention_mask"].sum(-1).tolist()
         t0 = time.perf_counter()
-        # the candidate count varies: pad to what the workers' split needs, as verl's dispatch would
+        # the group count varies: pad to what the workers' split needs, as verl's dispatch would
         rollout = self.config.actor_rollout_ref.rollout
         divisor = self._dp_size()
         if not rollout.get("log_prob_use_dynamic_bsz", False):
             divisor *= int(rollout.log_prob_micro_batch_size_per_gpu or 1)
         padded, pad = pad_dataproto_to_divisor(merged, divisor)
         padded = super()._fit_compute_log_prob(padded)
-        merged = unpad_dataproto(padded, pad)
-        timing["recompute"] = timing.get("recompute", 0.0) + time.perf_counter() - t0
-        old = merged.batch["old_log_probs"]
-        start = 0
-        for g in groups:
-            g.record(self._replay_version(), old[start:start + g.n])
-            start += g.n
-        return merged
+        timing["recompute"] = time.perf_counter() - t0
+        return unpad_dataproto(padded, pad)
 
-    def _score(self, groups: list[Group], merged: DataProto, timing: dict) -> list[float]:
-        t0 = time.perf_counter()
+    def _chi2(self, groups: list[Group], merged: DataProto) -> list[float]:
+        """chi2 group scores of the trained groups, for the `replay/chi2_*` metrics."""
         sample = sample_chi2(merged.batch["old_log_probs"], merged.batch["rollout_log_probs"], merged.batch["response_mask"])
         index = torch.cat([torch.full((g.n,), i) for i, g in enumerate(groups)])
-        scores = group_scores(sample, index, len(groups)).tolist()
-        for g, s in zip(groups, scores):
-            g.score = s
-        timing["score"] = time.perf_counter() - t0
-        return scores
-
-    def _score_lazily(self, cands: StepCandidates, prompt_width: int, response_width: int, meta_info: dict,
-                      timing: dict) -> tuple[DataProto, list[float]]:
-        """`rescore: lazy`: recompute the fresh groups, reuse the last score of buffered ones; then
-        recompute only the buffered groups that the selection would take (the loss needs their pi_old)."""
-        fresh_ids = {id(g) for g in cands.fresh}
-        stale = [g for g in cands.candidates if id(g) not in fresh_ids]
-        fresh_batch = self._recompute(cands.fresh, prompt_width, response_width, meta_info, timing) if cands.fresh else None
-        if fresh_batch is not None:
-            self._score(cands.fresh, fresh_batch, timing)
-        n = self.config.actor_rollout_ref.rollout.n
-        pre = self._select(cands.candidates, [g.score if g.score is not None else float("inf") for g in cands.candidates],
-                           cands)
-        wanted = {id(cands.candidates[i]) for i in pre.selected}
-        rescored = [g for g in stale if id(g) in wanted]
-        parts = {}
-        if rescored:
-            stale_batch = self._recompute(rescored, prompt_width, response_width, meta_info, timing)
-            self._score(rescored, stale_batch, timing)
-            parts.update({id(g): (stale_batch, i) for i, g in enumerate(rescored)})
-        if fresh_batch is not None:
-            parts.update({id(g): (fresh_batch, i) for i, g in enumerate(cands.fresh)})
-        # candidates not recomputed this step cannot be trained on: the loss needs this step's pi_old
-        keep = [g for g in cands.candidates if id(g) in parts]
-        cands.candidates[:] = keep
-        batches = []
-        for g in keep:
-            src, i = parts[id(g)]
-            part = src.select_idxs(np.arange(i * n, (i + 1) * n))
-            part.meta_info.pop("global_token_num", None)  # per-batch; set again for the rows trained
-            batches.append(part)
-        merged = DataProto.concat(batches)
-        return merged, [g.score for g in keep]
+        return group_scores(sample, index, len(groups)).tolist()
 
     def _fit_update_actor(self, batch: DataProto) -> DataProto:
         if not self.replay.enable:
             return super()._fit_update_actor(batch)
         state = self._step_state
-        selection: Selection = state["selection"]
-        if not selection.skipped:
+        plan: StepPlan = state["plan"]
+        if not plan.selection.skipped:
             actor = self.config.actor_rollout_ref.actor
             full = actor.ppo_mini_batch_size
             actor.ppo_mini_batch_size = state["mini_batch_groups"]  # fewer groups than a mini-batch: one smaller
@@ -245,13 +175,10 @@ class ReplayStepMixin:
             finally:
                 actor.ppo_mini_batch_size = full
         t0 = time.perf_counter()
-        trained = state.get("selected_groups", []) if not selection.skipped else []
-        evicted = self.buffer.end_step(state["cands"], trained)
-        state["timing"]["buffer"] += time.perf_counter() - t0
-        self.metrics.update(replay_metrics(
-            self._replay_version(), state["cands"], state["scores"], selection, state["weights"],
-            self.buffer.stats(), vars(evicted), state["timing"],
-        ))
+        evicted = self.replay_step.finish(plan)
+        state["timing"]["buffer"] = time.perf_counter() - t0
+        self.metrics.update(replay_metrics(plan, state["scores"], state["weights"], self.buffer.stats(), vars(evicted),
+                                           state["timing"]))
         self._step_state = None
         return batch
 
@@ -265,7 +192,7 @@ class ReplayStepMixin:
         local_mkdir_safe(folder)
         step = _folder_step(folder)
         write_checked(os.path.join(folder, BUFFER_FILE), {"replay": self.buffer.state_dict(), "config": vars(self.replay)},
-                      before_replace=lambda: fault_point("buffer_write", step))
+                      before_replace=lambda: probe("buffer_write", step))
 
     def load_replay(self, folder: str) -> None:
         """Restores the buffer from the checkpoint folder verl just resumed from; a torn or corrupted file raises

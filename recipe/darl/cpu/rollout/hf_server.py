@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import torch
 
-from recipe.darl.probes import fault_point
+from recipe.darl.probes import probe
 from .hf_engine import LOGPROBS_MODES, HFGenerator, RowResult, resolve_sampling
 
 logger = logging.getLogger(__name__)
@@ -313,11 +313,7 @@ class HFRolloutServer:
 
     async def _step_cohort(self, entry) -> None:
         cohort, requests = entry
-        # fault injection (probes.py; a no-op unless DARL_FAULT_INJECT is set): mid-generation with
-        # the weights of version `global_steps`, kill the job ("generate"), kill or freeze this server alone
-        fault_point("generate", self.global_steps or 0)
-        fault_point("rollout_server", self.global_steps or 0)
-        fault_point("rollout_stop", self.global_steps or 0)
+        probe("decode", self.global_steps or 0)  # mid-generation, with the weights of version `global_steps`
         aborted = [key for key, r in requests.items() if r.request_id in self._to_abort or "*" in self._to_abort]
         results: list[RowResult] = self.generator.remove(cohort, aborted) if aborted else []
         if len(cohort):
@@ -445,7 +441,7 @@ class HFRolloutServer:
         count = await self._run(self.generator.load_weights, named_tensors)
         self._buckets += 1
         if self._buckets == 1:  # one bucket in, the rest not: a kill here lands inside the trainer's weight sync
-            fault_point("sync_server", self.stats["weight_updates"] + 1)
+            probe("weight_update", self.stats["weight_updates"] + 1)
         return count
 
     async def finish_weight_update(self, global_steps: Optional[int] = None) -> None:

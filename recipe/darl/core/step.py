@@ -1,0 +1,115 @@
+"""The decisions of one D-ARL step, made once for the verl trainers and the study harness alike.
+
+    plan = step.plan(fresh, version, budget, multiple, min_multiple)    # candidates, selection, training order
+    ... old log-probs of plan.trained (the caller's forward) ...
+    step.record(plan, old_log_probs)                                    # pi_old of this version, per group
+    inputs = step.loss_inputs(plan, mask, old, rollout, ...)             # per-source weights, clip ranges
+    ... advantages and the update, calling step.loss (harness) or the actor's loss (trainers) per mini-batch ...
+    step.finish(plan)                                                   # reuse counts, insert, evict
+
+`ReplayStep(None)` is decoupled PPO, the baseline the study compares with: no buffer, every fresh group
+trained, each sample weighed against its own behavior policy with token-level truncated IS.
+The callers own only what differs between them: the forward passes and how a batch is laid out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .buffer import EvictionStats, ReplayBuffer, StepCandidates
+from .config import ReplayConfig
+from .group import Group, gather_recorded
+from .loss import darl_policy_loss
+from .selection import Selection, select_for_step
+from .weights import BatchWeights, batch_weights, clip_ranges
+
+
+@dataclass
+class StepPlan:
+    """What a step trains: `trained` are the selected groups in arrival order (mini-batches mix versions)."""
+
+    version: int  # pi_old's version: staleness is measured against it
+    selection: Selection
+    trained: list[Group]
+    cands: Optional[StepCandidates] = None  # None without replay
+
+
+@dataclass
+class LossInputs:
+    """The per-sample inputs of the D-ARL loss for the B trained samples (L response tokens each)."""
+
+    weights: BatchWeights  # log_denominator, token_coef: [B, L]; per-source alpha / ESS for the metrics
+    clip_low: torch.Tensor  # [B] PPO clip range below 1, by staleness
+    clip_high: torch.Tensor  # [B] above 1
+
+
+class ReplayStep:
+    """One object per run: the buffer (with replay) and the step's decisions over it."""
+
+    def __init__(self, config: Optional[ReplayConfig]) -> None:
+        self.config = config
+        self.buffer: Optional[ReplayBuffer] = ReplayBuffer(config) if config is not None else None
+
+    def plan(self, fresh: list[Group], version: int, budget: int, multiple: int,
+             min_multiple: Optional[int]) -> StepPlan:
+        """Candidates (buffered groups in the window, then the fresh and history ones) and the selection: whole
+        mini-batches of `multiple` groups (one smaller one of `min_multiple` when fewer are eligible), in
+        `replay.order`, fresh first with `replay.ratio`. budget: B, the groups a step trains without replay."""
+        if self.buffer is None:
+            picked = list(range(len(fresh)))
+            return StepPlan(version, Selection(picked, len(fresh), budget, not fresh, "" if fresh else "no groups"),
+                            list(fresh))
+        cands = self.buffer.begin_step(fresh, version)
+        if not cands.candidates:
+            return StepPlan(version, Selection([], 0, 0, True, "no candidate groups"), [], cands)
+        selection = select_for_step(cands.candidates, cands.fresh, self.config, budget, multiple, min_multiple)
+        order = sorted(selection.selected, key=lambda i: cands.candidates[i].seq)
+        return StepPlan(version, selection, [cands.candidates[i] for i in order], cands)
+
+    def record(self, plan: StepPlan, old_log_probs: torch.Tensor) -> None:
+        """Stores log pi_old ([N, L], the trained groups' samples in order) in each group as this version's, for the
+        pmis denominators of later steps."""
+        if self.buffer is None:
+            return
+        start = 0
+        for g in plan.trained:
+            g.record(plan.version, old_log_probs[start:start + g.n])
+            start += g.n
+
+    def loss_inputs(self, plan: StepPlan, response_mask: torch.Tensor, old_log_probs: torch.Tensor,
+                    rollout_log_probs: torch.Tensor, threshold: float, clip_low: float, clip_high: float,
+                    minibatch_index: torch.Tensor) -> LossInputs:
+        """Weights of the trained samples ([B, L] tensors in `plan.trained` order; minibatch_index: [B], the
+        optimizer mini-batch of each sample). threshold: C of truncated IS; clip_low/high: PPO's eps."""
+        versions = torch.cat([g.versions for g in plan.trained])
+        c = self.config
+        behavior = c.resolved_behavior_weight if c is not None else "own"
+        weights = batch_weights(
+            response_mask, old_log_probs, rollout_log_probs, versions, behavior,
+            c.resolved_source_weight if c is not None else "tokens", threshold,
+            recorded=gather_recorded(plan.trained, response_mask.shape[1]) if behavior == "pmis" else None,
+            minibatch_index=minibatch_index, m2_budget=c.resolved("m2_budget") if c is not None else None)
+        low, high = clip_ranges(versions, plan.version, clip_low, clip_high, c.clip_decay if c is not None else 1.0)
+        return LossInputs(weights, low, high)
+
+    def loss(self, log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+             response_mask: torch.Tensor, inputs: LossInputs, rows: torch.Tensor, threshold: float,
+             clip_ratio_c: float = 3.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The D-ARL loss of one mini-batch: rows ([b]) index the trained samples; the other tensors are [b, L].
+        The trainers' actor computes the same loss from the fields the trainer puts in its batch."""
+        c = self.config
+        w = inputs.weights
+        return darl_policy_loss(
+            log_prob, old_log_prob, advantages, response_mask, w.log_denominator[rows], w.token_coef[rows],
+            inputs.clip_low[rows], inputs.clip_high[rows], threshold, clip_ratio_c=clip_ratio_c,
+            stop_grad=c.stop_grad if c is not None else True,
+            behavior_clip=c.behavior_clip_range() if c is not None else None)
+
+    def finish(self, plan: StepPlan) -> Optional[EvictionStats]:
+        """Counts reuse of the trained groups, inserts the fresh ones, evicts (None without replay)."""
+        if self.buffer is None:
+            return None
+        return self.buffer.end_step(plan.cands, plan.trained if not plan.selection.skipped else [])
