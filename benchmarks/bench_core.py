@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from recipe.darl.core import Group, ReplayBuffer, batch_weights, gather_recorded, group_scores, sample_chi2, select_groups
+from recipe.darl.core import Group, ReplayBuffer, ReplayConfig, batch_weights, gather_recorded, group_scores, sample_chi2, select_groups
 
 
 def median_seconds(fn, repeats: int) -> tuple[float, object]:
@@ -69,7 +69,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     P, n, L, K = args.prompts, args.n, args.length, args.k
 
-    buffer = ReplayBuffer(k=K, warmup=0, filter_zero_adv=False)
+    buffer = ReplayBuffer(ReplayConfig(pmis=False, k=K, warmup=0, filter_zero_adv=False))
     insert_times = []
     for step in range(1, K + 1):
         batch = fresh_batch(P, n, L, seed=step)
@@ -94,7 +94,8 @@ def main() -> None:
     arrival = torch.tensor([g.seq for g in groups])
 
     t_score, scores = median_seconds(lambda: group_scores(sample_chi2(old, rollout, mask), group_index, len(groups)), args.repeats)
-    t_select, sel = median_seconds(lambda: select_groups(P, versions, arrival, scores, multiple=1), args.repeats)
+    # newest first (uniform replay), the trained set the weights below are timed on
+    t_select, sel = median_seconds(lambda: select_groups(P, versions, arrival, multiple=1), args.repeats)
 
     rows = torch.cat([torch.arange(i * n, (i + 1) * n) for i in sel.selected])
     chosen = [groups[i] for i in sel.selected]

@@ -34,7 +34,7 @@ for seed in $SEEDS; do
             script="$cfg"
             case "$cfg" in
                 async|decoupled) ;;
-                pmis_sg) extra=(replay.prompt_replay=16 replay.prompt_replay_when=zero_adv) ;;
+                pmis_sg) extra=(replay.prompt_replay=16) ;;
                 pmis_sg_no_prompt) script=pmis_sg; extra=(replay.prompt_replay=false) ;;
                 gates_only) script=pmis_sg; extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false replay.prompt_replay=false) ;;
                 equal_update) script=decoupled; extra=(actor_rollout_ref.actor.ppo_epochs=2) ;;

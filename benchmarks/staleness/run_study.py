@@ -36,7 +36,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "decoupled": {"method": "decoupled"},
     "equal_update": {"method": "decoupled", "epochs": 2},  # two passes: as many optimizer updates as the preset's replay
     # the preset, as `replay.enable=true` resolves it in the trainers (tests/staleness checks the two agree)
-    "darl": {"method": "darl", "prompt_replay": 16, "prompt_replay_when": "zero_adv"},
+    "darl": {"method": "darl", "prompt_replay": 16},
     # the group-replay preset: the preset without per-prompt replay (replay.prompt_replay=false)
     "darl_no_prompt": {"method": "darl", "prompt_replay": False},
     # the preset's controls without replay: decoupled PPO + m2 gate + behavior trust region (replay.k=1)

@@ -11,16 +11,14 @@ from recipe.darl.core import ReplayBuffer, ReplayConfig
         ({"k": 0}, "replay.k"),
         ({"k": 2.5}, "replay.k"),
         ({"warmup": -1}, "replay.warmup"),
-        ({"max_score": 0.0}, "replay.max_score"),
-        ({"max_score": -1.0}, "replay.max_score"),
-        ({"max_score": 1.0, "pmis": False}, "replay.max_score"),
+        ({"max_score": 1.0}, "unknown replay key"),  # a retired design's key
         ({"max_reuse": 0}, "replay.max_reuse"),
         ({"max_groups": 0}, "replay.max_groups"),
         ({"behavior_weight": "mis"}, "replay.behavior_weight"),
         ({"source_weight": "mean"}, "replay.source_weight"),
         ({"clip_decay": 0.0}, "replay.clip_decay"),
         ({"clip_decay": 1.5}, "replay.clip_decay"),
-        ({"rescore": "some"}, "replay.rescore"),
+        ({"order": "variance"}, "replay.order"),
         ({"stop_grad": "yes"}, "replay.stop_grad"),
     ],
 )

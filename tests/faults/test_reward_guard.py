@@ -13,7 +13,9 @@ import torch
 from omegaconf import OmegaConf
 from verl import DataProto
 
+from recipe.darl.core.darts import DartsConfig
 from recipe.darl.robustness import reward_guard as fw
+from recipe.darl.trainers.run_guard import RunGuardMixin
 
 
 class Tokenizer:
@@ -119,8 +121,9 @@ class _Verl:
         return batch
 
 
-class _Trainer(fw.RewardGuardMixin, _Verl):
+class _Trainer(RunGuardMixin, _Verl):
     global_steps = 4
+    darts = DartsConfig()  # rollout shaping off: no manager is called
 
 
 def test_the_trainer_counts_failed_and_non_finite_rewards(capsys):

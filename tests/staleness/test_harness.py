@@ -15,7 +15,8 @@ from benchmarks.staleness.run_study import METHODS, cell_staleness, report
 from benchmarks.staleness.targets import headline, table
 
 # the first design (chi2-ranked selection), still reachable through replay.* keys
-V1 = {"order": "chi2", "ratio": False, "m2_budget": False, "behavior_clip": False, "max_reuse": False}
+# uniform replay with a fixed budget: buffered groups compete with fresh ones every step
+UNIFORM = {"order": "newest", "ratio": False, "m2_budget": False, "behavior_clip": False, "max_reuse": False}
 
 STEPS = 4
 
@@ -83,13 +84,14 @@ def test_staleness_makes_naive_and_decoupled_differ(model_dir):
 
 
 def test_darl_buffer_spans_versions(model_dir):
-    h = make(model_dir, "darl", 1, **V1)  # the first design recomputes every candidate every step
+    h = make(model_dir, "darl", 1, **UNIFORM)
     history = run_steps(h)
-    assert len({g.version for g in h.buffer.groups}) > 1
+    buffer = h.replay.buffer
+    assert len({g.version for g in buffer.groups}) > 1
     assert history[-1]["buffer_versions"] > 1
     assert history[-1]["candidates"] > 4  # buffered groups compete with the fresh ones
-    # pi_old of each step is recorded in the candidates, as the trainer does
-    assert any(len(g.recorded) > 1 for g in h.buffer.groups)
+    # pi_old of each step is recorded in the trained groups, as the trainer does
+    assert any(len(g.recorded) >= 1 for g in buffer.groups)
 
 
 def test_pmis_mixes_versions_only_while_staleness_is_below_k(model_dir):
@@ -108,14 +110,15 @@ def test_study_names_resolve(model_dir):
         cfg = HarnessConfig(**{k: v for k, v in overrides.items() if k != "staleness"}, model_dir=str(model_dir))
         assert cfg.method in ("naive", "decoupled", "darl"), name
     assert HarnessConfig(method="darl").replay_config().resolved("order") == "least_reused"
-    assert HarnessConfig(method="darl", **V1).replay_config().resolved("order") == "chi2"
+    with pytest.raises(ValueError, match="replay.order"):
+        HarnessConfig(method="darl", order="chi2")  # a retired design
     assert HarnessConfig(method="darl", pmis=False).replay_config().resolved("ratio") is None
     assert cell_staleness("sync", 8) == 0 and cell_staleness("darl", 8) == 8
     assert cell_staleness("darl_v1", 8) == 8  # an archived name runs nowhere but still has a cell
     with pytest.raises(ValueError):
         HarnessConfig(method="darl", k=0)
-    # uniform replay (no scores) and the first design without its selection both train
-    for overrides in ({"pmis": False}, {**V1, "order": "newest"}):
+    # uniform replay, and with its fixed budget made explicit, both train
+    for overrides in ({"pmis": False}, UNIFORM):
         history = run_steps(make(model_dir, "darl", staleness=1, **overrides), 3)
         assert all(math.isfinite(m["loss"]) for m in history if not m["skipped"])
 
@@ -130,10 +133,10 @@ def test_the_study_runs_the_preset_the_trainers_resolve_under_darl():
         return {f.name: rc.resolved(f.name) if f.name in PRESET else getattr(rc, f.name) for f in dataclasses.fields(rc)}
 
     preset = resolved(ReplayConfig(enable=True))
-    assert preset["prompt_replay"] == 16 and preset["prompt_replay_when"] == "zero_adv"
+    assert preset["prompt_replay"] == 16
     assert resolved(HarnessConfig(**METHODS["darl"]).replay_config()) == preset
     group_preset = resolved(HarnessConfig(**METHODS["darl_no_prompt"]).replay_config())
-    assert {k for k in preset if preset[k] != group_preset[k]} == {"prompt_replay", "prompt_replay_when"}
+    assert {k for k in preset if preset[k] != group_preset[k]} == {"prompt_replay"}
     assert group_preset["prompt_replay"] is None
     assert resolved(HarnessConfig(**METHODS["gates_only"]).replay_config())["prompt_replay"] is None
 
@@ -200,92 +203,41 @@ def test_run_and_report(model_dir, tmp_path):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000, png
 
 
-def test_scarce_task_revisits_a_fixed_pool_and_success_replay_grafts_past_successes(model_dir):
-    h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, success=1, warmup=0, steps=6)
-    assert len(h.train_problems) == 8
-    from recipe.darl.example.arithmetic import is_hard
-    assert all(is_hard(a, b) for a, b in h.train_problems + h.val_problems)
-    # pass one: 2 steps of 4 prompts; the pool comes back from step 2 on
-    first = [h._next_problems() for _ in range(2)]
-    assert sorted(first[0] + first[1]) == sorted(h.train_problems)
-    h.cursor = 0
-    # make every response of steps 2+ wrong: the only successes are the stored ones
+def _all_wrong_from(h, step: int) -> None:
+    """Every response of steps >= `step` scores 0: their groups have no advantage, so a returning prompt's history
+    group trains in each one's place."""
     score = h._score
-    h._score = lambda text, problem: score(text, problem) if h.version < 2 else 0.0
-    history = run_steps(h, 4)
-    store = h.buffer.successes
-    assert store.totals["stored"] > 0
-    assert sum(m["success_grafted"] for m in history[2:]) > 0
-    grafted = [m for m in history[2:] if m["success_grafted"]]
-    # a grafted response is older than its group: the trained batch mixes versions
-    assert any(m["trained_versions"] >= 2 and not m["skipped"] for m in grafted)
-
-
-def test_shared_budget_trains_history_groups_within_the_presets_step(model_dir):
-    runs = {}
-    for budget in ("extra", "shared"):
-        h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0, steps=4,
-                 minibatches=4, prompt_replay_budget=budget)
-        runs[budget] = run_steps(h, 4)
-    assert h.config.name.endswith("prompt8shared")
-    extra, shared = runs["extra"], runs["shared"]
-    # steps 0-1: no prompt has come back yet, so the two settings train the same groups to the same loss
-    assert [m["loss"] for m in extra[:2]] == [m["loss"] for m in shared[:2]]
-    # then 3-4 history groups a step: on top of 4 fresh groups and 2 replay slots they make a bigger step...
-    assert all(m["history_groups"] >= 3 for m in extra[2:] + shared[2:])
-    assert max(m["trained_groups"] for m in extra[2:]) > 6
-    # ...sharing the 2 slots (ratio 0.5 x 4 prompts), never more than 4 + 2, with the old responses in it
-    assert max(m["trained_groups"] for m in shared) <= 6
-    assert all(m["trained_versions"] >= 2 for m in shared[2:] if not m["skipped"])
+    h._score = lambda text, problem: score(text, problem) if h.version < step else 0.0
 
 
 def _prompt_replay_runs(model_dir, key: str, values: tuple, steps: int):
-    """`steps` steps of per-prompt replay on a pool of 8 (every prompt back at step 2) for each value of `key`;
-    returns {value: step metrics} and the last harness."""
+    """`steps` steps of per-prompt replay on a pool of 8 (every prompt back at step 2, all wrong from then on) for
+    each value of `key`; returns {value: step metrics} and the last harness."""
     runs = {}
     for value in values:
         h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0, **{key: value})
+        _all_wrong_from(h, 2)
         runs[value] = run_steps(h, steps)
     return runs, h
 
 
-def test_mixed_norm_normalises_history_groups_with_their_fresh_group(model_dir):
-    runs, h = _prompt_replay_runs(model_dir, "prompt_replay_norm", ("split", "mixed"), 3)
-    # the index GRPO normalises by: a history group's rows carry their fresh group's uid
-    last = h.buffer.groups[-1]
-    (hist,) = h.buffer.prompts.history_groups([last])
-    assert hist.uid == last.uid + ":history" and h.batch_of([hist])["uids"].tolist() == [last.uid] * 4
-    assert h.config.name.endswith("prompt8mixed")
-    split, mixed = runs["split"], runs["mixed"]
-    # steps 0-1: no prompt has come back, so the two normalisations train the same groups to the same loss
-    assert [m["loss"] for m in split[:2]] == [m["loss"] for m in mixed[:2]]
-    # step 2: every prompt is back with a history group; one normalisation over 2n gives other advantages
-    assert split[2]["history_groups"] >= 1 and mixed[2]["history_groups"] >= 1
-    assert mixed[2]["loss"] != pytest.approx(split[2]["loss"])
-
-
-def test_zero_adv_history_groups_only_replace_dropped_fresh_groups(model_dir):
-    runs, h = _prompt_replay_runs(model_dir, "prompt_replay_when", ("always", "zero_adv"), 4)
-    assert h.config.name.endswith("prompt8zeroadv") and h.buffer.prompts.when == "zero_adv"
-    always, zero = runs["always"], runs["zero_adv"]
-    # every prompt is back at steps 2-3: always, each brings a history group (the digits reward is dense)...
-    assert all(m["history_groups"] >= 3 for m in always[2:])
-    # ...under zero_adv only one whose fresh group was dropped for equal rewards
-    assert all(m["history_groups"] <= m["dropped_zero_adv"] for m in zero)
-    assert sum(m["history_groups"] for m in zero) < sum(m["history_groups"] for m in always)
-
-
 def test_scarce_task_with_prompt_replay_trains_history_groups_of_returning_prompts(model_dir):
     h = make(model_dir, "darl", staleness=1, task="scarce", pool_size=8, prompt_replay=8, warmup=0, steps=6)
+    assert len(h.train_problems) == 8
+    from recipe.darl.example.arithmetic import is_hard
+    assert all(is_hard(a, b) for a, b in h.train_problems + h.val_problems)
+    _all_wrong_from(h, 2)
     # pool of 8, 4 prompts a step: every prompt comes back at step 2 with its 4 responses of pass one stored
     history = run_steps(h, 4)
     assert [m["history_groups"] for m in history][:2] == [0, 0]
-    built = h.buffer.prompts.totals["history_groups"]
-    assert built == 8  # steps 2 and 3: one per fresh group (the digits reward is dense: groups differ)
-    # trained history groups hold the older version's responses: the trained batch mixes versions
-    assert any(m["trained_versions"] >= 2 for m in history[2:] if m["history_groups"] and not m["skipped"])
+    assert all(m["dropped_zero_adv"] == 4 for m in history[2:])  # every fresh group of steps 2-3 is all wrong
+    built = h.replay.buffer.prompts.totals["history_groups"]
+    # one history group per returning prompt, in place of its dropped group; those with equal rewards are dropped
+    assert built == 8 and 6 <= sum(m["history_groups"] for m in history) <= 8
+    # trained history groups hold pass one's responses: older than the staleness s = 1 of a fresh group
+    assert all(m["trained_staleness"] > 1 for m in history[2:] if m["history_groups"] and not m["skipped"])
     # two visits of 4 responses for each of the 8 prompts, cap 8 per prompt: all kept
-    assert h.buffer.stats()["history_responses"] == 8 * 8 and h.buffer.stats()["history_prompts"] == 8
+    assert h.replay.buffer.stats()["history_responses"] == 8 * 8 and h.replay.buffer.stats()["history_prompts"] == 8
 
 
 def test_prompt_replay_max_age_drops_history_the_pool_no_longer_reaches(model_dir):

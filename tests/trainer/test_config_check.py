@@ -18,7 +18,7 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
     assert problems(compose_config(*REPLAY_ON, "replay.k=4", "algorithm.rollout_is=true")) == []
     # the two-sided trust region is one flag through Hydra
     assert problems(compose_config(*REPLAY_ON, "replay.behavior_clip_high=0.2")) == []
-    assert problems(compose_config(*REPLAY_ON, "replay.prompt_replay=16", "replay.success=2")) == []
+    assert problems(compose_config(*REPLAY_ON, "replay.prompt_replay=16")) == []
 
 
 @pytest.mark.parametrize(
@@ -45,14 +45,12 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
         (REPLAY_ON + ("algorithm.adv_estimator=gae",), "algorithm.adv_estimator"),
         (REPLAY_ON + ("actor_rollout_ref.actor.shuffle=true",), "actor_rollout_ref.actor.shuffle"),
         (("algorithm.rollout_correction.rollout_is=token",), "bypass_mode=true with rollout_is"),
-        (REPLAY_ON + ("replay.max_score=1.0", "replay.pmis=false"), "replay.max_score"),
+        (REPLAY_ON + ("replay.order=chi2",), "replay.order must be null, 'newest' or 'least_reused'"),
         (REPLAY_ON + ("replay.behavior_clip_high=0.3", "replay.behavior_clip=false"), "replay.behavior_clip_high"),
         (REPLAY_ON + ("replay.prompt_replay=1",), "replay.prompt_replay must be null, false or an integer >= 2"),
         (REPLAY_ON + ("actor_rollout_ref.rollout.n=32",), "replay.prompt_replay=16 (responses kept per prompt; null follows the preset's 16) is below actor_rollout_ref.rollout.n=32"),
         (("replay.prompt_replay=16",), "replay.prompt_replay=16 needs replay.enable=true"),
-        (REPLAY_ON + ("replay.prompt_replay=false", "replay.prompt_replay_budget=shared",), "replay.prompt_replay_budget=shared but per-prompt replay is off"),
-        (REPLAY_ON + ("replay.prompt_replay=16", "replay.prompt_replay_norm=mixed", "replay.ratio=false"), "replay.prompt_replay_norm=mixed needs replay.ratio"),
-        (("replay.success=1",), "replay.success=1 needs replay.enable=true"),
+        (("replay.prompt_replay=4",), "replay.prompt_replay=4 needs replay.enable=true"),
     ],
 )
 def test_each_problem_names_its_key(compose_config, overrides, key):

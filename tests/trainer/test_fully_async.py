@@ -18,7 +18,7 @@ from ray import cloudpickle
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from recipe.darl.checks.config_check import apply_compat_aliases, check_config, fully_async_findings, validate_or_raise
-from recipe.darl.core import ReplayBuffer, ReplayConfig
+from recipe.darl.core import ReplayConfig, ReplayStep
 from recipe.darl.trainers.fully_async_runner import DarlFullyAsyncTaskRunner
 from recipe.darl.trainers.fully_async import DarlFullyAsyncTrainer, DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase
 
@@ -118,7 +118,7 @@ def make_fa_trainer(cfg, deltas: dict[str, float]) -> DarlFullyAsyncTrainerImpl:
     trainer = DarlFullyAsyncTrainerImpl.__new__(DarlFullyAsyncTrainerImpl)
     trainer.__dict__.update(donor.__dict__)
     trainer.replay = ReplayConfig.from_dict(dict(cfg.replay))
-    trainer.buffer = ReplayBuffer(trainer.replay)
+    trainer.replay_step = ReplayStep(trainer.replay)
     trainer.require_batches = int(cfg.async_training.require_batches)
     trainer.current_param_version = 0
     trainer.trigger_parameter_sync_step = int(cfg.async_training.trigger_parameter_sync_step)

@@ -1,7 +1,7 @@
 """DarlTrainer's replay hooks on real DataProto batches through verl's own fit-step code.
 
 The actor worker group is replaced by a stand-in whose old-log-prob forward returns chosen values
-(so every chi2 score is known by hand) and whose update records the batch it was given; verl's
+(so every log-ratio is known by hand) and whose update records the batch it was given; verl's
 reward extraction, rollout correction, GRPO advantages and checkpoint logic run as shipped.
 The loss inside the real FSDP2 engine is tested in tests/workers.
 """
@@ -17,7 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from verl import DataProto
 
 from recipe.darl.checks.config_check import validate_or_raise
-from recipe.darl.core import ReplayBuffer, ReplayConfig
+from recipe.darl.core import ReplayConfig, ReplayStep
 from recipe.darl.trainers.one_step_off import BUFFER_FILE, DarlTrainer
 
 
@@ -42,9 +42,9 @@ def make_trainer(cfg, deltas: dict[str, float]) -> DarlTrainer:
     trainer = DarlTrainer.__new__(DarlTrainer)
     trainer.config = cfg
     trainer.replay = ReplayConfig.from_dict(dict(cfg.replay))
-    trainer.buffer = ReplayBuffer(trainer.replay)
+    trainer.replay_step = ReplayStep(trainer.replay)
     trainer._step_state = None
-    trainer._init_darts_trainer(cfg)  # rollout_shaping off in the composed config: no manager is called
+    trainer._init_run_guard(cfg)  # rollout_shaping off in the composed config: no manager is called
     trainer.actor_rollout_wg = trainer.actor_wg = StandInActor()
     trainer.use_rm = trainer.use_critic = False
     trainer.global_steps = 1
@@ -79,14 +79,14 @@ def run_step(trainer: DarlTrainer, batch: DataProto, save: bool = False) -> Data
     return batch
 
 
-# the first design (chi2 selection, fixed budget, no gate): the hand-computed cases below were made for it
-FIRST_DESIGN = ("replay.order=chi2", "replay.ratio=false", "replay.m2_budget=false", "replay.behavior_clip=false",
-                "replay.max_reuse=false")
+# uniform selection (newest first, a fixed budget of B groups, no gate): the hand-computed cases below use it
+UNIFORM = ("replay.order=newest", "replay.ratio=false", "replay.m2_budget=false", "replay.behavior_clip=false",
+           "replay.max_reuse=false")
 
 
 @pytest.fixture
 def replay_cfg(compose_config):
-    def _cfg(*extra, design=FIRST_DESIGN):
+    def _cfg(*extra, design=UNIFORM):
         cfg = compose_config(
             "replay.enable=true", "replay.k=4", "replay.warmup=0", "algorithm.rollout_correction.bypass_mode=false",
             "algorithm.rollout_is=true", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -104,35 +104,34 @@ def uids(batch: DataProto) -> list[str]:
 def test_merge_select_advantage_and_metrics_by_hand(replay_cfg, batch_maker):
     step1 = batch_maker(versions=[0, 0, 0], rewards=[[1, 0], [0, 1], [1, 1]], seed=1)  # the third has zero advantage
     a, b, c = uids(step1)
-    step2 = batch_maker(versions=[1, 1], rewards=[[1, 0], [1, 0]], seed=2)
-    d, e = uids(step2)
-    deltas = {a: 0.3, b: 0.5, c: 0.0, d: 1.0, e: 0.0}
+    step2 = batch_maker(versions=[1], rewards=[[1, 0]], seed=2)
+    (d,) = uids(step2)
+    deltas = {a: 0.3, b: 0.5, c: 0.0, d: 1.0}
     trainer = make_trainer(replay_cfg(), deltas)
 
     out1 = run_step(trainer, step1)
     assert set(uids(out1)) == {a, b} and trainer.metrics["replay/dropped_zero_adv"] == 1
 
-    deltas.update({a: 0.1, b: 0.2})  # the weights moved: step-2 recompute gives new deltas
+    deltas.update({a: 0.1, b: 0.2})  # the weights moved: the step-2 forward gives new deltas
     out2 = run_step(trainer, step2)
-    # candidates a, b (buffered, v0) + d, e (fresh, v1); chi2 = (e^delta - 1)^2: e 0, a 0.011, b 0.049, d 2.95
-    assert set(uids(out2)) == {a, e}
+    # candidates a, b (buffered, v0) + d (fresh, v1); B = 2 newest first: d, then a (arrived before b)
+    assert set(uids(out2)) == {a, d}
     trained = trainer.trained[-1]
     assert trained is out2 and len(trained) == 4
     # advantages only on the selected groups: GRPO on rewards (1, 0) -> +-0.7071
     adv = trained.batch["advantages"].sum(-1) / trained.batch["response_mask"].sum(-1)  # constant per response
     assert adv.abs().tolist() == pytest.approx([1 / math.sqrt(2)] * 4, rel=1e-4)
     assert torch.equal(trained.batch["token_level_scores"].sum(-1), torch.tensor([1.0, 0.0, 1.0, 0.0]))
-    # trained in arrival order: a (step 1) before e (step 2)
-    assert uids(trained) == [a, e]
+    # trained in arrival order: a (step 1) before d (step 2)
+    assert uids(trained) == [a, d]
 
     m = trainer.metrics
     chi = lambda x: (math.exp(x) - 1) ** 2
-    assert m["replay/candidates"] == 4 and m["replay/selected"] == 2
-    assert m["replay/chi2_selected_mean"] == pytest.approx((chi(0.1) + chi(0.0)) / 2, rel=1e-5)
-    assert m["replay/chi2_rejected_max"] == pytest.approx(chi(1.0), rel=1e-5)
+    assert m["replay/candidates"] == 3 and m["replay/selected"] == 2 and m["replay/replayed_trained"] == 1
+    assert m["replay/chi2_selected_mean"] == pytest.approx((chi(0.1) + chi(1.0)) / 2, rel=1e-5)
     assert m["replay/staleness_mean"] == pytest.approx(1.5) and m["replay/staleness_max"] == 2
-    assert m["replay/selected_fraction/s1"] == 0.5 and m["replay/selected_fraction/s2"] == 0.5
-    assert m["replay/buffer_groups"] == 4 and m["replay/buffer_groups/s1"] == 2
+    assert m["replay/selected_fraction/s1"] == 1.0 and m["replay/selected_fraction/s2"] == 0.5
+    assert m["replay/buffer_groups"] == 3 and m["replay/buffer_groups/s1"] == 1
 
     # pmis: a's samples (v0) were also scored at step 1 (version 1, which generated e): balance heuristic
     mask = trained.batch["response_mask"].bool()
@@ -145,27 +144,12 @@ def test_merge_select_advantage_and_metrics_by_hand(replay_cfg, batch_maker):
     assert m["replay/alpha/s1"] + m["replay/alpha/s2"] == pytest.approx(1.0)
 
 
-def test_no_eligible_group_skips_the_update_and_still_fills_the_buffer(replay_cfg, batch_maker):
-    batch = batch_maker(versions=[0, 0], rewards=[[1, 0], [0, 1]])
-    trainer = make_trainer(replay_cfg("replay.max_score=0.001"), {u: 0.5 for u in uids(batch)})
+def test_a_step_without_a_candidate_skips_the_update(replay_cfg, batch_maker):
+    batch = batch_maker(versions=[0, 0], rewards=[[1, 1], [0, 0]])  # no advantage anywhere
+    trainer = make_trainer(replay_cfg(), {u: 0.5 for u in uids(batch)})
     run_step(trainer, batch)
     assert trainer.trained == [] and trainer.metrics["replay/skipped_update"] == 1.0
-    assert len(trainer.buffer) == 2
-
-
-def test_rescore_lazy_recomputes_fresh_and_selected_only(replay_cfg, batch_maker):
-    step1 = batch_maker(versions=[0, 0], rewards=[[1, 0], [0, 1]], seed=4)
-    step2 = batch_maker(versions=[1, 1], rewards=[[1, 0], [1, 0]], seed=5)
-    deltas = {u: 0.05 for u in uids(step1)} | {u: 2.0 for u in uids(step2)}
-    trainer = make_trainer(replay_cfg("replay.rescore=lazy"), deltas)
-    calls = []
-    inner = trainer._compute_old_log_prob
-    trainer._compute_old_log_prob = lambda batch: (calls.append(set(batch.non_tensor_batch["uid"])), inner(batch))[1]
-    run_step(trainer, step1)
-    run_step(trainer, step2)
-    # step 2: one forward for the 2 fresh groups, one for the 2 buffered groups the selection wants
-    assert calls[1] == set(uids(step2)) and calls[2] == set(uids(step1))
-    assert set(uids(trainer.trained[-1])) == set(uids(step1))
+    assert trainer.metrics["replay/dropped_zero_adv"] == 2 and len(trainer.buffer) == 0
 
 
 def test_replay_disabled_is_plain_one_step_off(compose_config, batch_maker):
@@ -248,8 +232,9 @@ def test_preset_keeps_fresh_groups_adds_least_reused_and_recomputes_only_what_it
     assert trainer.metrics["replay/fresh_deferred"] == 1  # said, not silent: c waits in the buffer
     assert trainer.metrics["replay/replayed_trained"] == 0
     run_step(trainer, step2)
-    # fresh d, e, then the 2 least reused: c (0), then a before b (same reuse and version, earlier arrival)
-    assert calls[-1] == [d, e, c, a] and uids(trainer.trained[-1]) == [a, c, d, e]
+    # fresh d, e, then the 2 least reused: c (0), then a before b (same reuse and version, earlier arrival); one
+    # forward over them, in the order they train (arrival)
+    assert calls[-1] == [a, c, d, e] and uids(trainer.trained[-1]) == [a, c, d, e]
     assert trainer.metrics["replay/fresh_deferred"] == 0
     assert trainer.metrics["replay/candidates"] == 5 and trainer.metrics["replay/selected"] == 4
     assert trainer.metrics["replay/replayed_trained"] == 2 and trainer.metrics["replay/history_trained"] == 0
@@ -293,63 +278,9 @@ def _same_prompt_twice(batch_maker):
     return step1, uids(step1)[0], step2
 
 
-@pytest.mark.parametrize("budget", ["extra", "shared"])
-def test_prompt_replay_budget_history_on_top_or_first_in_the_replay_budget(replay_cfg, batch_maker, budget):
-    import numpy as np
-
-    # both prompts of step 1 (version 0) come back at step 2 (version 1), informative both times
-    step1 = batch_maker(versions=[0, 0], rewards=[[1, 0], [0, 1]], seed=12)
-    a, b = uids(step1)
-    step2 = batch_maker(versions=[1, 1], rewards=[[1, 0], [0, 1]], seed=12)  # same prompts and responses
-    step2.non_tensor_batch["uid"] = np.array(["d", "d", "e", "e"], dtype=object)
-    step2.non_tensor_batch["min_global_steps"] = np.array([1, 1, 1, 1], dtype=object)
-    # B = 2, ratio 0.5: one replay slot; mini-batches of one group, so no rounding
-    trainer = make_trainer(replay_cfg("replay.prompt_replay=2", f"replay.prompt_replay_budget={budget}", "replay.prompt_replay_when=always",
-                                      "actor_rollout_ref.actor.ppo_mini_batch_size=1", design=()),
-                           {u: 0.0 for u in (a, b, "d", "e", "d:history", "e:history")})
-    run_step(trainer, step1)
-    assert uids(trainer.trained[-1]) == [a, b]
-    run_step(trainer, step2)
-    assert trainer.metrics["replay/history_groups"] == 2
-    trained = uids(trainer.trained[-1])  # training order: arrival (a history group sits beside its fresh one)
-    if budget == "extra":
-        # both history groups ride on top like fresh ones; the replay slot goes to the buffered a (least reused, first)
-        assert sorted(trained) == sorted([a, "d", "d:history", "e", "e:history"])
-        assert trainer.metrics["replay/history_trained"] == 2 and trainer.metrics["replay/replayed_trained"] == 1
-    else:
-        # the fresh groups plus one replay slot, which the first history group takes ahead of a and b
-        assert sorted(trained) == ["d", "d:history", "e"]
-        assert trainer.metrics["replay/history_trained"] == 1 and trainer.metrics["replay/replayed_trained"] == 0
-    assert trainer.metrics["replay/fresh_deferred"] == 0
-
-
-@pytest.mark.parametrize("norm", ["split", "mixed"])
-def test_prompt_replay_norm_mixed_normalises_fresh_and_history_rows_together(replay_cfg, batch_maker, norm):
-    step1, a, step2 = _same_prompt_twice(batch_maker)  # step 2: the prompt again, both responses wrong
-    trainer = make_trainer(replay_cfg("replay.k=1", "replay.prompt_replay=2", f"replay.prompt_replay_norm={norm}",
-                                      design=()), {a: 0.0, "b": 0.0, "b:history": 0.0})
-    run_step(trainer, step1)
-    run_step(trainer, step2)
-    trained = trainer.trained[-1]
-    adv = (trained.batch["advantages"].sum(-1) / trained.batch["response_mask"].sum(-1)).tolist()
-    if norm == "split":
-        # b is dropped (no advantage); its history group (step 1's responses, rewards 1, 0) is trained alone
-        assert list(trained.non_tensor_batch["uid"]) == ["b:history"] * 2
-        assert adv == pytest.approx([1 / math.sqrt(2), -1 / math.sqrt(2)], rel=1e-4)
-        assert trainer.metrics["replay/history_partners"] == 0
-    else:
-        # b's rows, then its history's, all under uid b: verl's GRPO over (0, 0, 1, 0): mean 1/4, std 1/2
-        assert list(trained.non_tensor_batch["uid"]) == ["b"] * 4
-        assert trained.batch["token_level_scores"].sum(-1).tolist() == [0.0, 0.0, 1.0, 0.0]
-        assert list(trained.non_tensor_batch["min_global_steps"]) == [1, 1, 0, 0]
-        assert adv == pytest.approx([-0.5, -0.5, 1.5, -0.5], rel=1e-4)
-        assert trainer.metrics["replay/history_partners"] == 1
-    assert trainer.metrics["replay/history_trained"] == 1 and len(trainer.buffer) == 0
-
-
-@pytest.mark.parametrize("when", ["always", "zero_adv", "preset"])
-def test_prompt_replay_when_zero_adv_replays_only_in_the_place_of_an_uninformative_group(replay_cfg, batch_maker, when):
-    """"preset": neither key set, so both follow `pmis` (16 kept per prompt, zero_adv): the trainers' preset."""
+@pytest.mark.parametrize("when", ["explicit", "preset"])
+def test_prompt_replay_replays_only_in_the_place_of_an_uninformative_group(replay_cfg, batch_maker, when):
+    """"preset": replay.prompt_replay unset, so it follows `pmis` (16 kept per prompt): the trainers' preset."""
     import numpy as np
 
     step1 = batch_maker(versions=[0, 0], rewards=[[1, 0], [0, 1]], seed=12)
@@ -357,16 +288,16 @@ def test_prompt_replay_when_zero_adv_replays_only_in_the_place_of_an_uninformati
     step2 = batch_maker(versions=[1, 1], rewards=[[1, 0], [0, 0]], seed=12)  # same prompts; e's responses all wrong
     step2.non_tensor_batch["uid"] = np.array(["d", "d", "e", "e"], dtype=object)
     step2.non_tensor_batch["min_global_steps"] = np.array([1, 1, 1, 1], dtype=object)
-    keys = () if when == "preset" else ("replay.prompt_replay=2", f"replay.prompt_replay_when={when}")
+    keys = () if when == "preset" else ("replay.prompt_replay=2",)
     trainer = make_trainer(replay_cfg("replay.k=1", *keys, "actor_rollout_ref.actor.ppo_mini_batch_size=1", design=()),
                            {u: 0.0 for u in (a, b, "d", "e", "d:history", "e:history")})
     assert trainer.buffer.prompts.per_prompt == (16 if when == "preset" else 2)
     run_step(trainer, step1)
     run_step(trainer, step2)
     trained = uids(trainer.trained[-1])
-    # e is dropped either way (no advantage); under zero_adv only e's prompt replays its past responses
-    assert trained == (["d", "d:history", "e:history"] if when == "always" else ["d", "e:history"])
-    assert trainer.metrics["replay/history_groups"] == (2 if when == "always" else 1)
+    # e is dropped (no advantage) and only e's prompt replays its past responses, in e's place
+    assert trained == ["d", "e:history"]
+    assert trainer.metrics["replay/history_groups"] == 1
 
 
 @pytest.mark.parametrize("max_age", ["null", 1])
@@ -382,52 +313,3 @@ def test_prompt_replay_max_age_bounds_the_trainers_store(replay_cfg, batch_maker
     # 4 responses arrive a step; max_age 1 keeps only the last step's (usable one step later)
     assert held == ([4, 8, 12] if max_age == "null" else [4, 4, 4])
     assert trainer.buffer.prompts.max_age == (None if max_age == "null" else 1)
-
-
-def test_success_replay_grafts_a_past_success_into_an_all_wrong_group(replay_cfg, batch_maker):
-    step1, a, step2 = _same_prompt_twice(batch_maker)
-    trainer = make_trainer(replay_cfg("replay.k=1", "replay.success=1", design=()), {a: 0.0, "b": 0.0})
-    run_step(trainer, step1)
-    assert trainer.metrics["replay/success_grafted"] == 0 and trainer.metrics["replay/success_responses"] == 1
-    run_step(trainer, step2)
-    assert trainer.metrics["replay/success_grafted"] == 1
-    trained = trainer.trained[-1]
-    assert uids(trained) == ["b"]
-    # response 1 of b is now response 0 of a: its tokens, its behavior log-probs, its reward and version stamp
-    width = step1.batch["responses"].shape[1]
-    assert torch.equal(trained.batch["responses"][1, :width], step1.batch["responses"][0])
-    assert torch.equal(trained.batch["rollout_log_probs"][1], step1.batch["rollout_log_probs"][0])
-    assert trained.batch["token_level_scores"].sum(-1).tolist() == [0.0, 1.0]
-    assert list(trained.non_tensor_batch["min_global_steps"]) == [1, 0]
-    assert list(trained.non_tensor_batch["acc"]) == [0.0, 1.0]
-    # GRPO over (0, 1): the old success is pushed up, the fresh failure down
-    adv = trained.batch["advantages"].sum(-1) / trained.batch["response_mask"].sum(-1)
-    assert adv.tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)], rel=1e-4)
-    # two behavior versions in one group: the staleness metrics see both (step 2: s = 1 and s = 2)
-    assert trainer.metrics["replay/staleness_max"] == 2 and trainer.metrics["replay/staleness_mean"] == 1.5
-
-
-def test_prompt_replay_trains_a_returning_prompts_history_as_its_own_grpo_group(replay_cfg, batch_maker):
-    # step 2's group has zero advantage (dropped); its history is step 1's two responses
-    step1, a, step2 = _same_prompt_twice(batch_maker)
-    trainer = make_trainer(replay_cfg("replay.k=1", "replay.prompt_replay=2", design=()),
-                           {a: 0.0, "b": 0.0, "b:history": 0.0})
-    run_step(trainer, step1)
-    assert trainer.metrics["replay/history_groups"] == 0 and trainer.metrics["replay/history_responses"] == 2
-    run_step(trainer, step2)
-    assert trainer.metrics["replay/history_groups"] == 1 and trainer.metrics["replay/dropped_zero_adv"] == 1
-    trained = trainer.trained[-1]
-    assert uids(trained) == ["b:history"]
-    # the history group is visit 1's two responses, the success first: their tokens, log-probs, rewards, stamps
-    width = step1.batch["responses"].shape[1]
-    for row, src in ((0, 0), (1, 1)):
-        assert torch.equal(trained.batch["responses"][row, :width], step1.batch["responses"][src])
-        assert torch.equal(trained.batch["rollout_log_probs"][row], step1.batch["rollout_log_probs"][src])
-    assert trained.batch["token_level_scores"].sum(-1).tolist() == [1.0, 0.0]
-    assert list(trained.non_tensor_batch["min_global_steps"]) == [0, 0]
-    # verl's GRPO normalises it alone (RePO's split normalisation): +-1/sqrt(2)
-    adv = trained.batch["advantages"].sum(-1) / trained.batch["response_mask"].sum(-1)
-    assert adv.tolist() == pytest.approx([1 / math.sqrt(2), -1 / math.sqrt(2)], rel=1e-4)
-    assert trainer.metrics["replay/staleness_mean"] == 2  # step 2, both responses from version 0
-    # the history group never enters the buffer; visit 2's responses join the store (cap 2: visit 1's leave)
-    assert trainer.buffer.groups == [] and trainer.metrics["replay/history_responses"] == 2

@@ -104,10 +104,10 @@ def check_config(cfg: DictConfig) -> list[str]:
         if arr.actor.get("shuffle", False):
             problems.append("actor_rollout_ref.actor.shuffle=true: D-ARL's per-mini-batch source weights need verl's sequential mini-batches; set it false")
     else:
-        for key in ("success", "prompt_replay"):
-            if replay_values.get(key) is not None and replay_values.get(key) is not False:
-                problems.append(f"replay.{key}={replay_values[key]!r} needs replay.enable=true (the stores live in the "
-                                "replay buffer); with replay.enable=false it would be ignored")
+        value = replay_values.get("prompt_replay")
+        if value is not None and value is not False:
+            problems.append(f"replay.prompt_replay={value!r} needs replay.enable=true (the store lives in the replay "
+                            "buffer); with replay.enable=false it would be ignored")
     if not enabled and bypass and (corr.get("rollout_is") is not None or corr.get("rollout_rs") is not None or corr.get("loss_type", "ppo_clip") != "ppo_clip"):
         problems.append("algorithm.rollout_correction.bypass_mode=true with rollout_is/rollout_rs/loss_type set: verl 0.9.1 "
                         "binds the worker's loss at init and would silently ignore them; use bypass_mode=false (decoupled)")

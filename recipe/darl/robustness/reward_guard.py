@@ -10,11 +10,11 @@ with two additions, chosen by the D-ARL configs (`reward.reward_manager.source: 
   the run; `zero`: the sample scores 0.0, one line is printed, and it is counted in `faults/reward_failed`.
 
 Every sample also carries `darl_reward_failed` (0.0 or 1.0) among its reward extra infos, which is how the
-trainer counts failures (`RewardGuardMixin`, which then drops the field, so batches keep the fields that replay
+trainer counts failures (`trainers/run_guard.py`, which then drops the field, so batches keep the fields that replay
 buffers saved without it hold). A timed-out call's thread cannot be stopped: it runs on in the
 reward worker (a reward that can hang should enforce its own limit too, as `recipe.darl.rewards` does for code).
 
-`RewardGuardMixin._fit_compute_reward` (both trainers) logs `faults/reward_failed` and replaces NaN or infinite
+`RunGuardMixin._fit_compute_reward` (both trainers, trainers/run_guard.py) logs `faults/reward_failed` and replaces NaN or infinite
 rewards by 0.0, counting the samples in `faults/nonfinite_rewards`: one NaN reward would turn its whole GRPO group's
 advantages, and then the update, into NaN.
 """
@@ -101,32 +101,3 @@ def sanitize_rewards(reward_tensor: torch.Tensor) -> int:
     rows = int(bad.any(dim=-1).sum()) if reward_tensor.dim() > 1 else int(bad.sum())
     reward_tensor[bad] = 0.0
     return rows
-
-
-class RewardGuardMixin:
-    """Counts failed rewards and removes non-finite ones after verl's `_fit_compute_reward` (both trainers)."""
-
-    def _fit_compute_reward(self, batch):
-        batch = super()._fit_compute_reward(batch)
-        metrics = getattr(self, "metrics", None)
-        # counted, then removed: the flag is not a reward field, and groups stored in the replay buffer must keep
-        # the non-tensor fields of groups saved by runs without it (a resumed buffer is merged with new batches)
-        extra = getattr(self, "reward_extra_infos_dict", None) or {}
-        failed = extra.pop(FAILED_KEY, None)
-        batch.non_tensor_batch.pop(FAILED_KEY, None)
-        keys = batch.meta_info.get("reward_extra_keys")
-        if isinstance(keys, list) and FAILED_KEY in keys:
-            batch.meta_info["reward_extra_keys"] = [k for k in keys if k != FAILED_KEY]
-        if failed is not None and metrics is not None:
-            metrics["faults/reward_failed"] = float(sum(float(x) for x in failed))
-        reward = getattr(self, "reward_tensor", None)
-        if isinstance(reward, torch.Tensor):
-            n = sanitize_rewards(reward)
-            if "token_level_scores" in batch.batch.keys() and batch.batch["token_level_scores"] is not reward:
-                sanitize_rewards(batch.batch["token_level_scores"])
-            if metrics is not None:
-                metrics["faults/nonfinite_rewards"] = float(n)
-            if n:
-                print(f"[D-ARL] step {getattr(self, 'global_steps', '?')}: {n} sample(s) with a NaN or infinite reward "
-                      "scored 0.0 (faults/nonfinite_rewards)", flush=True)
-        return batch

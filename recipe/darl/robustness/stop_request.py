@@ -5,7 +5,7 @@ writes it on SIGUSR1 (shells/run.sh forwards Slurm's USR1, ten minutes before th
 it by hand. A file, not a signal to the trainer: the trainer runs in a Ray actor, possibly on another node, and
 the checkpoint folder is on storage every node sees (a requeued job resumes from it).
 
-Both trainers take `GracefulStopMixin`: they remove a stale request once their resume has run, and at the step
+Both trainers (`RunGuardMixin`, trainers/run_guard.py) remove a stale request once their resume has run, and at the step
 boundary where verl saves checkpoints they call `_stop_requested` and, on a request, `_save_for_stop`, then end.
 """
 
@@ -36,40 +36,3 @@ def install_stop_signal(ckpt_dir: str) -> None:
               "and ends", flush=True)
 
     signal.signal(signal.SIGUSR1, on_usr1)
-
-
-class GracefulStopMixin:
-    """For a verl trainer (`config`, `timing_raw`, `_save_checkpoint`)."""
-
-    def _stop_request_path(self) -> str:
-        return request_path(self.config.trainer.default_local_dir)
-
-    def _clear_stale_stop_request(self) -> None:
-        # Called once the resume has run, before the first step: a request still here was made for an earlier job
-        # (killed before its step boundary, or the request came after its last step); kept, it would stop this one
-        # at its first step. A request made while this job starts up is removed too (USR1 comes 10 min before the
-        # limit, so only a job started less than that before its limit can lose one).
-        path = self._stop_request_path()
-        if os.path.exists(path):
-            os.remove(path)
-            print(f"[D-ARL] removed a stop request left by an earlier job: {path}")
-
-    def _stop_requested(self) -> bool:
-        return os.path.exists(self._stop_request_path())
-
-    def _save_for_stop(self, step: str, saved: bool = False) -> None:
-        """A checkpoint at this boundary whatever `trainer.save_freq` says (unless `saved`: verl's periodic one
-        was just written), then the request removed and one line naming the step."""
-        if not saved:
-            from verl.utils.debug import marked_timer  # here: the driver imports this module before verl
-
-            if self.config.trainer.save_freq <= 0:
-                print(f"[D-ARL] trainer.save_freq={self.config.trainer.save_freq} saves no checkpoints; saving one "
-                      "anyway for the stop request")
-            with marked_timer("save_checkpoint", self.timing_raw, color="green"):
-                self._save_checkpoint()
-        path = self._stop_request_path()
-        if os.path.exists(path):
-            os.remove(path)
-        print(f"[D-ARL] stop request: checkpoint saved at {step} "
-              f"({os.path.abspath(self.config.trainer.default_local_dir)}); training ends", flush=True)

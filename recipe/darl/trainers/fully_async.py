@@ -1,4 +1,4 @@
-"""D-ARL on verl's fully-async trainer: `ReplayStepMixin` over `FullyAsyncTrainer`.
+"""D-ARL on verl's fully-async trainer: `RunGuardMixin` and `ReplayStepMixin` over `FullyAsyncTrainer`.
 
 Samples stream from the rollouter through verl's MessageQueue; a step takes `ppo_mini_batch_size *
 require_batches` groups, each stamped with the parameter versions that generated it (`min_global_steps`,
@@ -42,14 +42,12 @@ import ray
 from ray import cloudpickle
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
-from recipe.darl.trainers.darts_mixin import DartsTrainerMixin
-from recipe.darl.robustness.checkpoint_files import check_resume, guarded_verl_save, read_checked, write_checked
+from recipe.darl.robustness.checkpoint_files import read_checked, write_checked
 from recipe.darl.probes import probe
-from recipe.darl.robustness.reward_guard import RewardGuardMixin
 from recipe.darl.robustness.rollout_watch import (RolloutServerError, generation_timeout, guard_generation, guard_weight_sync_async,
                                   server_error, server_states)
-from recipe.darl.robustness.stop_request import GracefulStopMixin
 from recipe.darl.trainers.replay_mixin import ReplayStepMixin
+from recipe.darl.trainers.run_guard import RunGuardMixin
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -61,15 +59,14 @@ class StopRequested(Exception):
     """Ends `fit` after a stop checkpoint. Not verl's TrainingStopException: its path syncs weights once more."""
 
 
-class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, DartsTrainerMixin, ReplayStepMixin,
-                                FullyAsyncTrainerBase):
+class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTrainerBase):
     """Fully-async PPO/GRPO with D-ARL replay and the multi-behavior loss (the plain class; the Ray actor
     is `DarlFullyAsyncTrainer`)."""
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         self._init_replay(config)
-        self._init_darts_trainer(config)
+        self._init_run_guard(config)
         self._requeued = 0  # samples put back by a resume, not yet counted by the rollouter
         self._stopping = False
 
@@ -84,14 +81,9 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, DartsTraine
         return os.path.join(root, f"global_step_{self.current_param_version}")
 
     def _save_checkpoint(self):
-        # buffer and queue first (atomic, checksummed), then verl's files and its tracker (docs/faults.md)
-        folder = self._checkpoint_folder()
-        version = int(self.current_param_version)
-        self.save_replay(folder)
-        self.save_darts(folder)
-        self.save_queue(folder)
-        probe("after_buffer", version)
-        return guarded_verl_save(self, super()._save_checkpoint, version)
+        # buffer, EMA and queue first (atomic, checksummed), then verl's files and its tracker (docs/faults.md)
+        return self._save_state_then(self._checkpoint_folder(), int(self.current_param_version),
+                                     super()._save_checkpoint, extra=self.save_queue)
 
     def save_queue(self, folder: str) -> int:
         """Writes the MessageQueue's samples (cloudpickled RolloutSamples, in queue order) to `folder` and
@@ -141,17 +133,12 @@ class DarlFullyAsyncTrainerImpl(GracefulStopMixin, RewardGuardMixin, DartsTraine
             raise server_error(what, f"a rollout server died ({type(e).__name__})", states) from e
 
     async def load_checkpoint(self):
-        if self.config.trainer.resume_mode == "auto":
-            check_resume(self.config.trainer.default_local_dir)  # before the rollouter reads the tracker too
+        self._check_resume()  # before the rollouter reads the tracker too
         self._install_darts()  # DARTS' manager in the rollouter, before its EMA is restored
         version = await super().load_checkpoint()
         if self.current_param_version > 0:
-            if self.config.trainer.resume_mode == "resume_path":
-                folder = os.path.abspath(self.config.trainer.resume_from_path)
-            else:
-                folder = self._checkpoint_folder()
-            self.load_replay(folder)
-            self.load_darts(folder)
+            folder = self._resume_folder(int(self.current_param_version))
+            self._restore_state(folder)
             await self.requeue(folder)
         self._clear_stale_stop_request()
         return version

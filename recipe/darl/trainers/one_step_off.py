@@ -1,7 +1,5 @@
-"""D-ARL on verl's one-step-off trainer: `ReplayStepMixin` (recipe/darl/trainers/replay_mixin.py) over
-`OneStepOffRayTrainer`. Every fresh batch is one version old; replay adds groups up to K versions old.
-With `replay.enable=false` this is verl's one-step-off trainer.
-"""
+"""D-ARL on verl's one-step-off trainer. Every fresh batch is one version old; replay adds groups up to K
+versions old. With `replay.enable=false` this is verl's one-step-off trainer with the run guard."""
 
 from __future__ import annotations
 
@@ -11,53 +9,37 @@ import time
 import ray
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
-from recipe.darl.trainers.darts_mixin import DartsTrainerMixin
-from recipe.darl.robustness.checkpoint_files import check_resume, guarded_verl_save
 from recipe.darl.probes import probe
-from recipe.darl.robustness.reward_guard import RewardGuardMixin
-from recipe.darl.robustness.rollout_watch import generation_timeout, guard_generation, guard_weight_sync, server_error, server_states_now
-from recipe.darl.robustness.stop_request import GracefulStopMixin
+from recipe.darl.robustness.rollout_watch import (generation_timeout, guard_generation, guard_weight_sync, server_error,
+                                                  server_states_now)
 from recipe.darl.trainers.replay_mixin import BUFFER_FILE, ReplayStepMixin
+from recipe.darl.trainers.run_guard import RunGuardMixin
 
 __all__ = ["BUFFER_FILE", "DarlTrainer"]
 
 
-class DarlTrainer(GracefulStopMixin, RewardGuardMixin, DartsTrainerMixin, ReplayStepMixin, OneStepOffRayTrainer):
-    """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss; ends early, with a checkpoint, on a
-    stop request (robustness/stop_request.py)."""
+class DarlTrainer(RunGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
+    """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss (trainers/replay_mixin.py), checkpoints,
+    stop requests, rollout watch and reward guard (trainers/run_guard.py)."""
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         self._init_replay(config)
-        self._init_darts_trainer(config)
+        self._init_run_guard(config)
 
     def _save_checkpoint(self):
-        # the buffer first (atomic, checksummed), then verl's files and, last, verl's tracker: a kill anywhere before
-        # the tracker leaves the previous checkpoint the one resume takes (docs/faults.md)
-        step = self.global_steps
-        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}")
-        self.save_replay(folder)
-        self.save_darts(folder)
-        probe("after_buffer", step)
-        return guarded_verl_save(self, super()._save_checkpoint, step)
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        return self._save_state_then(folder, self.global_steps, super()._save_checkpoint)
 
     def _load_checkpoint(self):
-        if self.config.trainer.resume_mode == "auto":
-            check_resume(self.config.trainer.default_local_dir)  # a torn tracker repaired, a dangling one refused
+        self._check_resume()
         result = super()._load_checkpoint()
         if self.global_steps > 0:
-            # the folder verl's _load_checkpoint just resumed from
-            if self.config.trainer.resume_mode == "resume_path":
-                folder = os.path.abspath(self.config.trainer.resume_from_path)
-            else:
-                folder = os.path.join(os.path.abspath(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}")
-            self.load_replay(folder)
-            self.load_darts(folder)
+            self._restore_state(self._resume_folder(self.global_steps))
         self._clear_stale_stop_request()
         return result
 
     def _rollout_servers(self) -> tuple[list, list]:
-        """(actor handles, addresses) of the rollout servers verl's one-step-off trainer generates with."""
         manager = getattr(self, "llm_server_manager", None)
         return getattr(manager, "server_handles", []), getattr(manager, "server_addresses", [])
 
@@ -72,8 +54,8 @@ class DarlTrainer(GracefulStopMixin, RewardGuardMixin, DartsTrainerMixin, Replay
             timeout_s=generation_timeout(self.config), handles=handles, addresses=addresses)
 
     def _fit_update_weights(self):
-        # a rollout server that died after its last batch: the weight sync, not a generation, finds it first; one
-        # killed inside the sync leaves verl's sender waiting on it forever, hence the watch
+        # a server that died after its last batch: the sync, not a generation, finds it first; one killed inside
+        # the sync leaves verl's sender waiting on it forever, hence the watch
         handles, addresses = self._rollout_servers()
         what = f"syncing weights to the rollout at trainer step {self.global_steps}"
         try:
@@ -94,7 +76,7 @@ class DarlTrainer(GracefulStopMixin, RewardGuardMixin, DartsTrainerMixin, Replay
         if not self._stop_requested():
             return super()._fit_save_checkpoint()
         # the end of this step: save, and end verl's fit loop after it. The next batch's generation, already
-        # launched, is cancelled with the event loop; as after any of verl's one-step-off checkpoints, its prompts
-        # were drawn before the dataloader state was saved, so the resumed run does not see them.
+        # launched, is cancelled with the event loop; its prompts were drawn before the dataloader state was saved,
+        # so the resumed run does not see them (as after any of verl's one-step-off checkpoints)
         self.is_last_step = True
         self._save_for_stop(f"step {self.global_steps}")

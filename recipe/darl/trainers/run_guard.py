@@ -1,0 +1,166 @@
+"""What keeps a D-ARL run alive and resumable, written once for both trainers (docs/faults.md, docs/trainer.md).
+
+`RunGuardMixin` sits before `ReplayStepMixin` and verl's trainer in the bases and overrides one verl hook,
+`_fit_compute_reward`; the trainers call the rest from their own checkpoint and step hooks:
+
+- checkpoints in a fixed order: the replay buffer and DARTS' length EMA first (atomic, checksummed), then verl's
+  files and last verl's tracker (`_save_state_then`), so a kill anywhere leaves the previous checkpoint the one
+  resume takes; on resume a torn tracker is repaired and a dangling one refused (`_check_resume`), then the state
+  is restored from the folder verl resumed from (`_restore_state`);
+- the stop request (robustness/stop_request.py): a checkpoint at the next step boundary, then the run ends;
+- the reward guard (robustness/reward_guard.py): failed rewards counted, NaN or infinite ones scored 0;
+- DARTS on the trainer side: `rollout_shaping/` metrics each step, its manager reached in this process
+  (one-step-off) or in the fully-async rollouter's actor.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+import ray
+import torch
+
+from recipe.darl.core.darts import DartsConfig
+from recipe.darl.probes import probe
+from recipe.darl.robustness.checkpoint_files import check_resume, guarded_verl_save, read_checked, write_checked
+from recipe.darl.robustness.reward_guard import FAILED_KEY, sanitize_rewards
+from recipe.darl.robustness.stop_request import request_path
+from recipe.darl.workers.darts_rollout import darts_config, install_in_rollouter
+
+DARTS_FILE = "darts_state.pt"
+
+
+class RunGuardMixin:
+    """For a verl trainer with `ReplayStepMixin` (`save_replay`, `load_replay`). Call `_init_run_guard(config)` in
+    the trainer's __init__."""
+
+    def _init_run_guard(self, config) -> None:
+        self.darts: DartsConfig = darts_config(config)
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+
+    def _save_state_then(self, folder: str, step: int, verl_save: Callable[[], Any],
+                         extra: Callable[[str], Any] = lambda folder: None) -> Any:
+        """Writes the buffer, DARTS' EMA and `extra(folder)` into `folder`, then runs verl's save (`verl_save`) with
+        the rotation moved after its tracker (robustness/checkpoint_files.py)."""
+        self.save_replay(folder)
+        self.save_darts(folder)
+        extra(folder)
+        probe("after_buffer", step)
+        return guarded_verl_save(self, verl_save, step)
+
+    def _check_resume(self) -> None:
+        if self.config.trainer.resume_mode == "auto":
+            check_resume(self.config.trainer.default_local_dir)  # a torn tracker repaired, a dangling one refused
+
+    def _resume_folder(self, step: int) -> str:
+        """The folder verl's load_checkpoint just resumed from."""
+        if self.config.trainer.resume_mode == "resume_path":
+            return os.path.abspath(self.config.trainer.resume_from_path)
+        return os.path.join(os.path.abspath(self.config.trainer.default_local_dir), f"global_step_{step}")
+
+    def _restore_state(self, folder: str) -> None:
+        self.load_replay(folder)
+        self.load_darts(folder)
+
+    # ---- the stop request -------------------------------------------------------------------------
+
+    def _stop_request_path(self) -> str:
+        return request_path(self.config.trainer.default_local_dir)
+
+    def _clear_stale_stop_request(self) -> None:
+        # Called once the resume has run, before the first step: a request still here was made for an earlier job
+        # (killed before its step boundary, or the request came after its last step); kept, it would stop this one
+        # at its first step. A request made while this job starts up is removed too (USR1 comes 10 min before the
+        # limit, so only a job started less than that before its limit can lose one).
+        path = self._stop_request_path()
+        if os.path.exists(path):
+            os.remove(path)
+            print(f"[D-ARL] removed a stop request left by an earlier job: {path}")
+
+    def _stop_requested(self) -> bool:
+        return os.path.exists(self._stop_request_path())
+
+    def _save_for_stop(self, step: str, saved: bool = False) -> None:
+        """A checkpoint at this boundary whatever `trainer.save_freq` says (unless `saved`: verl's periodic one
+        was just written), then the request removed and one line naming the step."""
+        if not saved:
+            from verl.utils.debug import marked_timer  # here: the driver imports this module before verl
+
+            if self.config.trainer.save_freq <= 0:
+                print(f"[D-ARL] trainer.save_freq={self.config.trainer.save_freq} saves no checkpoints; saving one "
+                      "anyway for the stop request")
+            with marked_timer("save_checkpoint", self.timing_raw, color="green"):
+                self._save_checkpoint()
+        path = self._stop_request_path()
+        if os.path.exists(path):
+            os.remove(path)
+        print(f"[D-ARL] stop request: checkpoint saved at {step} "
+              f"({os.path.abspath(self.config.trainer.default_local_dir)}); training ends", flush=True)
+
+    # ---- rewards ----------------------------------------------------------------------------------
+
+    def _fit_compute_reward(self, batch):
+        batch = super()._fit_compute_reward(batch)
+        metrics = getattr(self, "metrics", None)
+        if self.darts.enable and metrics is not None:  # the step's rollout_shaping/ metrics, from the manager
+            metrics.update(self._darts_call("pop_metrics"))
+        # counted, then removed: the flag is not a reward field, and groups stored in the replay buffer must keep
+        # the non-tensor fields of groups saved by runs without it (a resumed buffer is merged with new batches)
+        extra = getattr(self, "reward_extra_infos_dict", None) or {}
+        failed = extra.pop(FAILED_KEY, None)
+        batch.non_tensor_batch.pop(FAILED_KEY, None)
+        keys = batch.meta_info.get("reward_extra_keys")
+        if isinstance(keys, list) and FAILED_KEY in keys:
+            batch.meta_info["reward_extra_keys"] = [k for k in keys if k != FAILED_KEY]
+        if failed is not None and metrics is not None:
+            metrics["faults/reward_failed"] = float(sum(float(x) for x in failed))
+        reward = getattr(self, "reward_tensor", None)
+        if isinstance(reward, torch.Tensor):
+            n = sanitize_rewards(reward)
+            if "token_level_scores" in batch.batch.keys() and batch.batch["token_level_scores"] is not reward:
+                sanitize_rewards(batch.batch["token_level_scores"])
+            if metrics is not None:
+                metrics["faults/nonfinite_rewards"] = float(n)
+            if n:
+                print(f"[D-ARL] step {getattr(self, 'global_steps', '?')}: {n} sample(s) with a NaN or infinite reward "
+                      "scored 0.0 (faults/nonfinite_rewards)", flush=True)
+        return batch
+
+    # ---- DARTS ------------------------------------------------------------------------------------
+
+    def _darts_call(self, name: str, *args) -> Any:
+        """One of the DARTS manager's calls; the fully-async trainer reaches its rollouter's manager through Ray."""
+        rollouter = getattr(self, "rollouter", None)
+        if rollouter is None:
+            return getattr(self.async_rollout_manager, name)(*args)
+        return ray.get(rollouter.__ray_call__.remote(_manager_call, name, *args))
+
+    def _install_darts(self) -> None:
+        """Fully-async: puts the DARTS manager into the rollouter; before its checkpoint is loaded and it generates."""
+        if self.darts.enable and getattr(self, "rollouter", None) is not None:
+            ray.get(self.rollouter.__ray_call__.remote(install_in_rollouter))
+
+    def save_darts(self, folder: str) -> None:
+        if self.darts.enable:
+            os.makedirs(folder, exist_ok=True)
+            write_checked(os.path.join(folder, DARTS_FILE), self._darts_call("darts_state"))
+
+    def load_darts(self, folder: str) -> Optional[int]:
+        """Restores the EMA saved in `folder`; returns how many prompts it holds (None: DARTS off or no file, a
+        checkpoint written without DARTS: the EMA starts empty, said on the console)."""
+        if not self.darts.enable:
+            return None
+        path = os.path.join(folder, DARTS_FILE)
+        if not os.path.exists(path):
+            print(f"[D-ARL] rollout_shaping: {folder} has no {DARTS_FILE}; the length-spread EMA starts empty")
+            return None
+        state = read_checked(path)
+        self._darts_call("load_darts_state", state)
+        print(f"[D-ARL] rollout_shaping: restored the length-spread EMA of {len(state['ema'])} prompts from {path}")
+        return len(state["ema"])
+
+
+def _manager_call(rollouter, name: str, *args) -> Any:
+    return getattr(rollouter.async_rollout_manager, name)(*args)
