@@ -1,6 +1,5 @@
 # make test: builds .venv (CPU stack, pinned), installs the project, runs the whole suite.
 # make demo: D-ARL end to end on CPU on the built-in example (Ray, FSDP2 trainer, verl's vLLM rollout, replay K=4);
-#   ROLLOUT=hf make demo: the project's transformers rollout instead (lighter: docs/cpu.md, "hf or vLLM").
 # make bench: the core's speed and memory benchmark (docs/performance.md).
 # make evidence: the studies docs/evidence.md reports, into runs/study (benchmarks/staleness/study.sh; with 2 jobs on 2
 #   cores, from the runs' own times: the scarce regime in the harness about 2.4 h, through verl's two trainers about

@@ -7,6 +7,7 @@
 set -euo pipefail
 OUT="$(realpath -m "${1:-runs/cpu_trainers}")"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/benchmarks/rollout_env.sh"  # the rollout the archived runs used (hf), unless ROLLOUT is set
 mkdir -p "$OUT"
 for kind in one_step_off fully_async; do
     OUT_DIR="$OUT/$kind" STEPS="${STEPS:-20}" TEST_FREQ=10 SAVE_FREQ=1000 RESUME_MODE=disable \

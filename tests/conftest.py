@@ -19,6 +19,12 @@ REPO = Path(__file__).resolve().parents[1]
 # as the CPU scripts do (shells/cpu/common.sh): no idle Ray workers prestarted on a 2-core machine
 os.environ.setdefault("RAY_enable_worker_prestart", "0")
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+# the test suite's transformers rollout (tests/hf_rollout, `rollout.name=hf`), registered in every process of a test's
+# job: verl imports the modules VERL_USE_EXTERNAL_MODULES names when it is imported (before this file imports verl)
+TESTS = Path(__file__).resolve().parent
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+os.environ["VERL_USE_EXTERNAL_MODULES"] = "hf_rollout"
+os.environ.setdefault("ROLLOUT", "hf")  # the CPU scripts' engine in tests, unless a test names vllm
 # the fault injector at the product's probe points (recipe/darl/probes.py): a no-op unless DARL_FAULT_INJECT is set;
 # every process a test starts inherits it
 os.environ["DARL_PROBES"] = str(Path(__file__).resolve().parent / "faults" / "inject.py")
@@ -56,6 +62,7 @@ def subprocess_env(platform: str | None = "cpu", **extra: str) -> dict[str, str]
     env = dict(os.environ)
     for key in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS"):
         env.pop(key, None)
+    env["VERL_USE_EXTERNAL_MODULES"] = "hf_rollout"  # the test suite's rollout backend (tests/hf_rollout)
     if platform is not None:
         env["VERL_PLATFORM"] = platform
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -9,6 +9,7 @@
 set -euo pipefail
 OUT="$(realpath -m "${1:-runs/darts}")"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$ROOT/benchmarks/rollout_env.sh"  # the rollout the archived runs used (hf), unless ROLLOUT is set
 SEEDS="${SEEDS:-0}"
 CONFIGS="${CONFIGS:-base fixed0 fixed1 adapt0 adapt1}"
 PRESET="${PRESET:-on}"

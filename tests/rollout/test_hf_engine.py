@@ -1,4 +1,4 @@
-"""The hf rollout's generation engine (recipe/darl/cpu/rollout/hf_engine.py), in process, no Ray.
+"""The hf rollout's generation engine (tests/hf_rollout/hf_engine.py), in process, no Ray.
 
 Every generated sequence is checked against a teacher-forced forward of the same weights (a separately
 loaded copy of the tiny model): greedy tokens are the argmax, log-probs are log_softmax(logits / T).
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from recipe.darl.cpu.rollout.hf_engine import HFGenerator, SamplingSpec, resolve_sampling
+from hf_rollout.hf_engine import HFGenerator, SamplingSpec, resolve_sampling
 
 PROMPTS = [[5, 17, 40, 9], [60, 3, 22, 81, 14, 35, 7, 90, 41, 12, 66], [30, 31], [44, 8, 19, 70, 23, 55, 61]]
 TOL = 1e-5

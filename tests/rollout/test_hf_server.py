@@ -1,4 +1,4 @@
-"""The hf rollout server (recipe/darl/cpu/rollout/hf_server.py) driven in process under asyncio, without Ray.
+"""The hf rollout server (tests/hf_rollout/hf_server.py) driven in process under asyncio, without Ray.
 
 The same class runs as the Ray actor; here its async methods are awaited directly: batching of concurrent
 requests, abort, the admission gate, version stamps, weight loading, EOS from the tokenizer.
@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from recipe.darl.cpu.rollout.hf_server import HFRolloutServer
+from hf_rollout.hf_server import HFRolloutServer
 
 PROMPT = [5, 17, 40, 9, 61, 22]
 TOL = 1e-5

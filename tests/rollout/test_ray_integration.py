@@ -37,7 +37,7 @@ def test_standalone_rollout_and_weight_sync_through_verl(run_script, tiny_model_
 
     # wiring: verl found the replica, the adapter and the checkpoint engine by their names
     assert out["replica_class"] == "HFReplica"
-    assert out["worker_facts"] == {"adapter": "recipe.darl.cpu.rollout.hf_adapter.HFServerAdapter",
+    assert out["worker_facts"] == {"adapter": "hf_rollout.hf_adapter.HFServerAdapter",
                                    "engine": "RayObjectStoreCheckpointEngine", "plugin_loaded": True,
                                    "has_server": True}
     assert out["server_addresses"][0].startswith("hf://")

@@ -3,7 +3,7 @@
 For machines without NCCL (CPU): ``actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store``
 and ``...checkpoint_engine.custom_backend_module=recipe.darl.cpu.rollout`` (verl imports that module in the
 trainer workers, the rollout workers and the task runner before looking the backend up; the package
-imports this module, which registers the backend, and registers the hf rollout beside it).
+imports this module, which registers the backend, and registers verl's vLLM rollout on CPU beside it).
 
 The protocol is verl's (`verl/checkpoint_engine/base.py`, `CheckpointEngineManager.update_weights`):
 every worker `prepare`s, the class `build_topology`s, every worker `init_process_group`s, then the

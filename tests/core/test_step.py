@@ -1,0 +1,70 @@
+"""`ReplayStep`, the step the trainers and the study harness share: a plan, its records, its loss inputs and its loss
+by hand, against the core functions it composes."""
+
+import pytest
+import torch
+
+from groups import group
+from recipe.darl.core import ReplayConfig, ReplayStep, batch_weights, clip_ranges, darl_policy_loss
+
+
+def _rows(groups, name, width=2):
+    return torch.cat([g.padded(name, width) for g in groups])
+
+
+def test_a_two_step_plan_replays_the_least_reused_group_and_records_pi_old():
+    step = ReplayStep(ReplayConfig(enable=True, k=2, warmup=0, prompt_replay=False))
+    a, b = group("a", 1, [1.0, 0.0], base=-1.0), group("b", 1, [0.0, 1.0], base=-1.0, prompt=(9, 9))
+    first = step.plan([a, b], version=1, budget=2, multiple=1, min_multiple=1)
+    assert first.trained == [a, b] and first.cands.candidates == [a, b]
+    step.record(first, torch.full((4, 2), -0.5))
+    assert a.recorded[1].tolist() == [-0.5] * 4 and b.recorded[1].tolist() == [-0.5] * 4  # packed: 2 x 2 tokens
+    step.finish(first)
+    assert step.buffer.groups == [a, b] and a.times_trained == 1
+
+    c = group("c", 2, [1.0, 0.0], base=-2.0, prompt=(8, 8))
+    second = step.plan([c], version=2, budget=2, multiple=1, min_multiple=1)
+    # the preset's additive composition: c, then round(0.5 x 2) = 1 replayed group, a (same reuse, earlier arrival)
+    assert second.trained == [a, c] and second.selection.eligible == 3
+    mask = _rows(second.trained, "response_mask").bool()
+    rollout = _rows(second.trained, "rollout_log_probs")
+    old = rollout + 0.1
+    step.record(second, old)
+    inputs = step.loss_inputs(second, mask, old, rollout, threshold=2.0, clip_low=0.2, clip_high=0.3,
+                              minibatch_index=torch.zeros(4, dtype=torch.long))
+    versions = torch.tensor([1, 1, 2, 2])
+    recorded = {1: (torch.tensor([True, True, False, False]), torch.cat([torch.full((2, 2), -0.5), torch.zeros(2, 2)])),
+                2: (torch.ones(4, dtype=torch.bool), old)}
+    direct = batch_weights(mask, old, rollout, versions, "pmis", "ess", 2.0, recorded=recorded, m2_budget=0.04)
+    torch.testing.assert_close(inputs.weights.token_coef, direct.token_coef)
+    torch.testing.assert_close(inputs.weights.log_denominator[mask], direct.log_denominator[mask])
+    low, high = clip_ranges(versions, 2, 0.2, 0.3, 1.0)
+    assert torch.equal(inputs.clip_low, low) and torch.equal(inputs.clip_high, high)
+
+    # the loss of a mini-batch is darl_policy_loss with the config's stop_grad and trust region
+    rows = torch.tensor([0, 1])
+    log_prob = old[rows] + 0.05
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    got, _ = step.loss(log_prob, old[rows], adv, mask[rows], inputs, rows, threshold=2.0)
+    want, _ = darl_policy_loss(log_prob, old[rows], adv, mask[rows], direct.log_denominator[rows],
+                               direct.token_coef[rows], low[rows], high[rows], 2.0, stop_grad=True,
+                               behavior_clip=(0.2, float("inf")))
+    assert got.item() == pytest.approx(want.item())
+    evicted = step.finish(second)
+    assert evicted.max_reuse == 1 and [g.uid for g in step.buffer.groups] == ["b", "c"]  # a: trained twice
+
+
+def test_without_replay_every_fresh_group_trains_against_its_own_behavior():
+    step = ReplayStep(None)  # decoupled PPO, the study's baseline
+    a, b = group("a", 3, [1.0, 0.0], base=-1.0), group("b", 3, [0.0, 1.0], base=-2.0)
+    plan = step.plan([a, b], version=4, budget=2, multiple=2, min_multiple=None)
+    assert plan.trained == [a, b] and plan.cands is None and not plan.selection.skipped
+    mask = _rows(plan.trained, "response_mask").bool()
+    rollout = _rows(plan.trained, "rollout_log_probs")
+    old = rollout - 0.2
+    step.record(plan, old)
+    assert a.recorded == {}  # nothing is kept without a buffer
+    inputs = step.loss_inputs(plan, mask, old, rollout, 2.0, 0.2, 0.2, torch.zeros(4, dtype=torch.long))
+    torch.testing.assert_close(inputs.weights.log_denominator[mask], rollout[mask])  # own: log mu of the sample
+    assert step.finish(plan) is None
+    assert step.plan([], 5, 2, 2, None).selection.skipped
