@@ -92,3 +92,16 @@ def run_python():
         return found
 
     return _run
+
+
+# `pytest -m unit`: the tests that start no Ray cluster, no launch script and no vLLM (a few minutes on 2 cores)
+UNIT = ("core/", "staleness/", "test_docs.py", "trainer/test_replay_step.py", "trainer/test_trainer_hooks.py",
+        "trainer/test_config_check.py", "faults/test_reward_guard.py", "faults/test_trainer_checkpoints.py",
+        "faults/test_run_records.py", "example/test_arithmetic.py", "rollout/test_hf_engine.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath)).resolve().relative_to(TESTS).as_posix()
+        if path.startswith(UNIT):
+            item.add_marker(pytest.mark.unit)

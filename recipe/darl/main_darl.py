@@ -18,6 +18,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.darl.checks.config_check import validate_or_raise
+from recipe.darl.robustness.run_records import keep_run_records
 from recipe.darl.robustness.stop_request import install_stop_signal
 from recipe.darl.checks.preflight import preflight
 
@@ -90,12 +91,15 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
 def run_or_print(config: DictConfig, task_runner_class) -> None:
     """verl's run_ppo with the given task runner, or, with DARL_DRY_RUN set, the resolved config only. SIGUSR1
-    to this process asks the trainer to save and end at its next step boundary (robustness/stop_request.py)."""
+    to this process asks the trainer to save and end at its next step boundary (robustness/stop_request.py). A
+    relaunch keeps the earlier launch's metrics file and resumes its wandb run (robustness/run_records.py), set up
+    here, before Ray starts and verl's trackers open their files."""
     from verl.trainer.main_ppo import run_ppo
 
     if os.environ.get("DARL_DRY_RUN"):
         print(OmegaConf.to_yaml(config, resolve=True))
         return
+    keep_run_records(config)
     install_stop_signal(config.trainer.default_local_dir)
     run_ppo(config, task_runner_class=task_runner_class)
 

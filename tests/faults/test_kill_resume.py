@@ -11,18 +11,22 @@ output folder, each resuming what the previous left:
    whose actor shards verl's own rotation would have removed by then;
 3. no fault: the run ends at the configured step count, as an uninterrupted run does.
 
+These three log to one metrics file, the CPU scripts' `<out>/metrics.jsonl`, as a relaunch with the same command
+does; each relaunch keeps the earlier launch's file beside it (recipe/darl/robustness/run_records.py).
+
 `DARL_FAULT_FULL=1` adds the rest of the matrix (a job kill mid-generation, during the actor update, between the
 buffer file and verl's files, inside the buffer's write, right after a save; a hung server) in another folder.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
 import pytest
 
-from kill_helpers import ONE_STEP_OFF, Launch, build_inputs, launch
+from kill_helpers import ONE_STEP_OFF, Launch, build_inputs, launch, read_log
 from recipe.darl.robustness.checkpoint_files import read_checked
 
 STEPS = 5
@@ -60,20 +64,29 @@ def _detect_seconds(run: Launch) -> float:
     return detected - killed
 
 
+def _relaunch(root, inputs, name: str, fault: str, env: dict, overrides: tuple) -> Launch:
+    """`launch` with verl's file logger at the same path for every launch, `<out>/metrics.jsonl` (the CPU scripts'
+    own); the launch's log is that file afterwards (each launch writes it anew, the one before kept beside it)."""
+    metrics = root / "out" / "metrics.jsonl"
+    run = launch(ONE_STEP_OFF, root, inputs, name, fault, {**env, "VERL_FILE_LOGGER_PATH": str(metrics)}, overrides)
+    run.log = read_log(metrics) if metrics.exists() else {}
+    return run
+
+
 @pytest.fixture(scope="module")
 def fast(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
     inputs = build_inputs(root)
     env = {"STEPS": str(STEPS)}
     timeout = ("faults.generation_timeout_s=120",)
-    runs = {"server": launch(ONE_STEP_OFF, root, inputs, "server", "rollout_server:2", env, timeout)}
+    runs = {"server": _relaunch(root, inputs, "server", "rollout_server:2", env, timeout)}
     runs["saved_2"] = _buffer_summary(root, 2)
-    runs["save"] = launch(ONE_STEP_OFF, root, inputs, "save", "verl_save:4", env, timeout)
+    runs["save"] = _relaunch(root, inputs, "save", "verl_save:4", env, timeout)
     runs["saved_3"] = _buffer_summary(root, 3)
     ckpt = root / "out" / "checkpoints"
     runs["step4_files"] = sorted(p.name for p in (ckpt / "global_step_4").iterdir() if ".tmp." not in p.name)
     runs["step3_shards"] = sorted(p.name for p in (ckpt / "global_step_3" / "actor").glob("*.pt"))
-    runs["end"] = launch(ONE_STEP_OFF, root, inputs, "end", "", env, timeout)
+    runs["end"] = _relaunch(root, inputs, "end", "", env, timeout)
     runs["root"] = root
     _summary(root, {k: runs[k] for k in ("server", "save", "end")})
     return runs
@@ -115,6 +128,16 @@ def test_the_resumed_run_ends_with_the_uninterrupted_step_count(fast):
     assert _buffer_summary(root, STEPS)["steps_done"] == STEPS
     # every step counted once: 1-2 (first launch), 3 (second; its step 4 was lost with the kill), 4-5 (last)
     assert fast["server"].trained() + fast["save"].trained() + run.trained() == list(range(1, STEPS + 1))
+    # and every step logged stays on disk: each relaunch kept the metrics file of the launch before it (the killed
+    # one's too) beside the one it writes; sorted(), they are in launch order
+    out = root / "out"
+    files = sorted(out.glob("metrics*.jsonl"))
+    assert [p.name for p in files] == ["metrics.001.jsonl", "metrics.002.jsonl", "metrics.jsonl"]
+    records = [json.loads(line) for p in files for line in p.read_text().splitlines()]
+    assert [r["step"] for r in records if "actor/pg_loss" in r["data"]] == list(range(1, STEPS + 1))
+    assert [sorted(s for s, m in read_log(p).items() if "actor/pg_loss" in m) for p in files] == [[1, 2], [3], [4, 5]]
+    assert f"metrics of the earlier launch kept as {out / 'metrics.001.jsonl'}" in fast["save"].text
+    assert f"metrics of the earlier launch kept as {out / 'metrics.002.jsonl'}" in run.text
 
 
 def test_no_process_of_a_finished_launch_outlives_it_by_long(fast):

@@ -1,0 +1,140 @@
+"""What a relaunched job keeps of the launches before it (docs/faults.md, "What a relaunch keeps").
+
+A job killed and launched again with the same command resumes from its checkpoint (`trainer.resume_mode=auto`).
+Its records would not survive on their own: verl's `file` logger opens its jsonl file with mode "wb", erasing the
+earlier launch's metrics, and verl's wandb logger starts a new wandb run on every launch. `keep_run_records`, called
+in the driver before Ray starts (so before any tracker exists), handles both:
+
+- metrics file: where verl's `FileLogger` will write (`VERL_FILE_LOGGER_PATH`, else
+  `$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`, the root `.` by default), an earlier launch's non-empty
+  file is renamed to `<stem>.<NNN><suffix>` beside it (001 for the first launch, 002 for the second, ...), and the
+  new launch writes the usual name. `sorted()` of `<stem>*<suffix>` lists the files in launch order (digits sort
+  before the suffix's letters); `launch_files` returns them so.
+- wandb: a run id kept in `<trainer.default_local_dir>/wandb_run_id`, made on the first launch (8 lowercase letters
+  and digits, as wandb makes them) and exported as `WANDB_RUN_ID`, with `WANDB_RESUME=allow`, which wandb.init
+  reads; the resumed launch then logs into the same wandb run. A launch that will not resume (resume_mode `disable`,
+  or `auto` without a checkpoint tracker) starts a new run with a new id: its steps would restart at 1, and wandb
+  ignores steps below a run's last. A `WANDB_RUN_ID` set by the user is left alone. The two variables also go into
+  `ray_kwargs.ray_init.runtime_env.env_vars`, since verl creates its trackers inside Ray actors, whose environment
+  on a cluster started with `ray start` is not the driver's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import string
+
+from omegaconf import DictConfig, OmegaConf
+
+WANDB_ID_FILE = "wandb_run_id"
+TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl's checkpoint tracker
+_ID_CHARS = string.ascii_lowercase + string.digits
+_ID = re.compile(r"^[a-z0-9]{8}$")
+
+
+def _loggers(config: DictConfig) -> list[str]:
+    names = config.trainer.get("logger", []) or []
+    return [names] if isinstance(names, str) else list(names)
+
+
+def file_logger_path(config: DictConfig, env=os.environ) -> str:
+    """Where verl's `FileLogger` writes (verl/utils/tracking.py), absolute from this process's working directory."""
+    path = env.get("VERL_FILE_LOGGER_PATH")
+    if path is None:
+        root = os.path.expanduser(env.get("VERL_FILE_LOGGER_ROOT", "."))
+        path = os.path.join(root, config.trainer.project_name, f"{config.trainer.experiment_name}.jsonl")
+    return os.path.abspath(path)
+
+
+def _launch_number(name: str, stem: str, suffix: str) -> int | None:
+    m = re.fullmatch(re.escape(stem) + r"\.(\d+)" + re.escape(suffix), name)
+    return int(m.group(1)) if m else None
+
+
+def launch_files(path: str) -> list[str]:
+    """The metrics files of every launch, oldest first: `<stem>.001<suffix>`, `<stem>.002<suffix>`, ..., then
+    `path` itself (the latest launch's) if it exists."""
+    folder, name = os.path.split(os.path.abspath(path))
+    stem, suffix = os.path.splitext(name)
+    kept = sorted((n, f) for f in (os.listdir(folder) if os.path.isdir(folder) else [])
+                  if (n := _launch_number(f, stem, suffix)) is not None)
+    return [os.path.join(folder, f) for _, f in kept] + ([os.path.join(folder, name)] if os.path.exists(path) else [])
+
+
+def keep_metrics_file(path: str) -> str | None:
+    """Renames an earlier launch's non-empty metrics file at `path` to the next `<stem>.<NNN><suffix>` beside it;
+    returns the new name (None: nothing to keep)."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return None
+    folder, name = os.path.split(path)
+    stem, suffix = os.path.splitext(name)
+    numbers = [n for f in os.listdir(folder) if (n := _launch_number(f, stem, suffix)) is not None]
+    kept = os.path.join(folder, f"{stem}.{max(numbers, default=0) + 1:03d}{suffix}")
+    os.rename(path, kept)
+    return kept
+
+
+def _will_resume(config: DictConfig, ckpt_dir: str) -> bool:
+    mode = config.trainer.get("resume_mode", "auto")
+    if mode == "resume_path":
+        return True
+    return mode == "auto" and os.path.exists(os.path.join(ckpt_dir, TRACKER_FILE))
+
+
+def _new_wandb_id() -> str:
+    return "".join(secrets.choice(_ID_CHARS) for _ in range(8))
+
+
+def wandb_run_id(config: DictConfig) -> tuple[str, str]:
+    """(id, how): the id in `<default_local_dir>/wandb_run_id` when this launch resumes a checkpoint, else a new one
+    written there."""
+    ckpt_dir = os.path.abspath(config.trainer.default_local_dir)
+    id_file = os.path.join(ckpt_dir, WANDB_ID_FILE)
+    if os.path.exists(id_file) and _will_resume(config, ckpt_dir):
+        with open(id_file) as f:
+            run_id = f.read().strip()
+        if _ID.match(run_id):
+            return run_id, f"resumed, id from {id_file}"
+    run_id = _new_wandb_id()
+    os.makedirs(ckpt_dir, exist_ok=True)
+    tmp = f"{id_file}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(run_id + "\n")
+    os.replace(tmp, id_file)
+    return run_id, f"new, id written to {id_file}"
+
+
+def _to_ray_workers(config: DictConfig, env: dict[str, str]) -> None:
+    for key, value in env.items():
+        OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value, force_add=True)
+
+
+def keep_run_records(config: DictConfig) -> dict:
+    """Called in the driver before verl's run_ppo. Keeps the earlier launch's metrics file and points wandb at the
+    run being resumed; prints one line saying what it did. Returns {"kept": renamed metrics file or None,
+    "metrics": the file this launch writes or None, "wandb_run_id": the exported id or None}."""
+    loggers = _loggers(config)
+    done = {"kept": None, "metrics": None, "wandb_run_id": None}
+    said = []
+    if "file" in loggers:
+        done["metrics"] = file_logger_path(config)
+        done["kept"] = keep_metrics_file(done["metrics"])
+        if done["kept"]:
+            earlier = [f for f in launch_files(done["metrics"]) if f != done["metrics"]]
+            said.append(f"metrics of the earlier launch kept as {done['kept']}, this launch writes {done['metrics']} "
+                        f"({len(earlier)} earlier launch file(s) beside it; sorted() gives launch order)")
+    if "wandb" in loggers or "tracking" in loggers:
+        if os.environ.get("WANDB_RUN_ID"):
+            run_id, how = os.environ["WANDB_RUN_ID"], "WANDB_RUN_ID set by the user"
+        else:
+            run_id, how = wandb_run_id(config)
+            os.environ["WANDB_RUN_ID"] = run_id
+            os.environ.setdefault("WANDB_RESUME", "allow")
+        _to_ray_workers(config, {k: os.environ[k] for k in ("WANDB_RUN_ID", "WANDB_RESUME") if k in os.environ})
+        done["wandb_run_id"] = run_id
+        said.append(f"wandb run {run_id} ({how}; WANDB_RESUME={os.environ.get('WANDB_RESUME', '')})")
+    if said:
+        print("[D-ARL] " + "; ".join(said), flush=True)
+    return done
