@@ -140,6 +140,23 @@ def guard_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional
     return outcome.get("value")
 
 
+
+def watch_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
+                      addresses: Sequence[str]) -> Any:
+    """`guard_weight_sync`, and a Ray error from a server that died before or during the sync (the sync, not a
+    generation, finds a server that died after its last batch) raised as `RolloutServerError` naming the servers."""
+    import ray
+
+    try:
+        return guard_weight_sync(sync, what=what, timeout_s=timeout_s, handles=handles, addresses=addresses)
+    except ray.exceptions.RayError as e:
+        states = server_states_now(handles, addresses)
+        if not any(": DEAD" in s for s in states) and not isinstance(e, ray.exceptions.RayActorError):
+            raise
+        print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died before or during the weight sync",
+              flush=True)
+        raise server_error(what, f"a rollout server died ({type(e).__name__})", states) from e
+
 async def guard_weight_sync_async(work: Awaitable, *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
                                   addresses: Sequence[str], poll_s: Optional[float] = None) -> Any:
     """`guard_weight_sync` for a sync that is a coroutine (fully-async's): the same checks, on the caller's loop; the

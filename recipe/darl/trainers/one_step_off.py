@@ -4,14 +4,11 @@ versions old. With `replay.enable=false` this is verl's one-step-off trainer wit
 from __future__ import annotations
 
 import os
-import time
 
-import ray
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
 from recipe.darl.probes import probe
-from recipe.darl.robustness.rollout_watch import (generation_timeout, guard_generation, guard_weight_sync, server_error,
-                                                  server_states_now)
+from recipe.darl.robustness.rollout_watch import generation_timeout, guard_generation, watch_weight_sync
 from recipe.darl.trainers.replay_mixin import BUFFER_FILE, ReplayStepMixin
 from recipe.darl.trainers.run_guard import RunGuardMixin
 
@@ -54,19 +51,11 @@ class DarlTrainer(RunGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
             timeout_s=generation_timeout(self.config), handles=handles, addresses=addresses)
 
     def _fit_update_weights(self):
-        # a server that died after its last batch: the sync, not a generation, finds it first; one killed inside
-        # the sync leaves verl's sender waiting on it forever, hence the watch
+        # one server killed inside the sync leaves verl's sender waiting on it forever, hence the watch
         handles, addresses = self._rollout_servers()
-        what = f"syncing weights to the rollout at trainer step {self.global_steps}"
-        try:
-            return guard_weight_sync(super()._fit_update_weights, what=what, handles=handles, addresses=addresses,
-                                     timeout_s=generation_timeout(self.config))
-        except ray.exceptions.RayError as e:
-            states = server_states_now(handles, addresses)
-            if not any(": DEAD" in s for s in states) and not isinstance(e, ray.exceptions.RayActorError):
-                raise
-            print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died before or during the weight sync", flush=True)
-            raise server_error(what, f"a rollout server died ({type(e).__name__})", states) from e
+        return watch_weight_sync(super()._fit_update_weights, handles=handles, addresses=addresses,
+                                 what=f"syncing weights to the rollout at trainer step {self.global_steps}",
+                                 timeout_s=generation_timeout(self.config))
 
     def _fit_update_actor(self, batch):
         probe("update", self.global_steps)
