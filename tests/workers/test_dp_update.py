@@ -95,7 +95,7 @@ def trainer_batch(model, dp_size: int, order: list[int] | None = None):
     and the replay config it used."""
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-    from recipe.darl.core import ReplayConfig
+    from recipe.darl.core import ReplayConfig, ReplayStep, Selection, StepPlan
     from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs
 
     fresh, drift = generated_batch(model)
@@ -119,7 +119,8 @@ def trainer_batch(model, dp_size: int, order: list[int] | None = None):
                                                          batch.non_tensor_batch["uid"])
     batch.batch["advantages"], batch.batch["returns"] = advantages, returns
     replay = ReplayConfig(enable=True, k=4)
-    loss_inputs(batch, chosen, replay, STEP, THRESHOLD, clip_low=CLIP_LOW, clip_high=CLIP_HIGH,
+    plan = StepPlan(STEP, Selection(list(range(len(chosen))), len(chosen), len(chosen), False), chosen)
+    loss_inputs(batch, plan, ReplayStep(replay), THRESHOLD, clip_low=CLIP_LOW, clip_high=CLIP_HIGH,
                 mini_batch_samples=MINI_GROUPS * N, dp_size=dp_size)
     return batch, replay
 

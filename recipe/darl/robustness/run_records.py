@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import string
+from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -39,8 +40,10 @@ def _loggers(config: DictConfig) -> list[str]:
     return [names] if isinstance(names, str) else list(names)
 
 
-def file_logger_path(config: DictConfig, env=os.environ) -> str:
-    """Where verl's `FileLogger` writes (verl/utils/tracking.py), absolute from this process's working directory."""
+def file_logger_path(config: DictConfig, env: Optional[Mapping[str, str]] = None) -> str:
+    """Where verl's `FileLogger` writes (verl/utils/tracking.py), absolute from this process's working directory.
+    env: the environment to read (default: this process's, read at the call)."""
+    env = os.environ if env is None else env
     path = env.get("VERL_FILE_LOGGER_PATH")
     if path is None:
         root = os.path.expanduser(env.get("VERL_FILE_LOGGER_ROOT", "."))
