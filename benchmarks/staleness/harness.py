@@ -39,13 +39,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-import math
-import os
 import random
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np

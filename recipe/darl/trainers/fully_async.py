@@ -33,7 +33,6 @@ that verl's task runner, waiting for both, returns.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time

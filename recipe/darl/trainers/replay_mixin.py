@@ -93,13 +93,12 @@ class ReplayStepMixin:
         timing["select"] = time.perf_counter() - t0
         state = {"plan": plan, "scores": [], "weights": None, "timing": timing}
         self._step_state = state
-        if plan.cands is not None and not plan.cands.candidates:
+        if plan.selection.skipped:
+            # no update this step (nothing trains on these log-probs): verl's own forward of the fresh batch, which
+            # the later hooks read, and no extra forward over the candidates
+            print(f"[D-ARL] step {plan.version}: no update ({plan.selection.reason})")
             return super()._fit_compute_log_prob(batch)
         widths = batch.batch["prompts"].shape[1], batch.batch["responses"].shape[1]
-        if plan.selection.skipped:
-            # no update this step; the later hooks still want old log-probs
-            print(f"[D-ARL] step {plan.version}: no update ({plan.selection.reason})")
-            return self._use_rewards_of(self._old_log_probs(plan.cands.candidates, *widths, batch.meta_info, timing))
 
         # one batched old_log_prob forward over the trained groups only, recorded as this version's pi_old
         chosen = self._old_log_probs(plan.trained, *widths, batch.meta_info, timing)
