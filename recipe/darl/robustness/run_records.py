@@ -29,6 +29,8 @@ from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipe.darl.robustness.checkpoint_files import atomic_write_bytes
+
 WANDB_ID_FILE = "wandb_run_id"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl's checkpoint tracker
 _ID_CHARS = string.ascii_lowercase + string.digits
@@ -102,10 +104,7 @@ def wandb_run_id(config: DictConfig) -> tuple[str, str]:
             return run_id, f"resumed, id from {id_file}"
     run_id = _new_wandb_id()
     os.makedirs(ckpt_dir, exist_ok=True)
-    tmp = f"{id_file}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(run_id + "\n")
-    os.replace(tmp, id_file)
+    atomic_write_bytes(id_file, (run_id + "\n").encode())
     return run_id, f"new, id written to {id_file}"
 
 

@@ -18,6 +18,7 @@ without the installed entry point.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import logging
 import sys
@@ -81,7 +82,7 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname not in _AFTER_IMPORT:
             return None
-        callback = lambda: _run_all(fullname)  # noqa: E731 - callbacks added later run too
+        callback = functools.partial(_run_all, fullname)  # callbacks added later run too
         for finder in sys.meta_path:
             if finder is self or isinstance(finder, _AfterImportFinder) or not hasattr(finder, "find_spec"):
                 continue
