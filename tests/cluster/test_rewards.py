@@ -1,4 +1,4 @@
-"""Rewards: math with math-verify, code in a child process with time and memory limits."""
+"""Rewards: math with math-verify; code run in a sandboxed child and judged here (the reward hacks: tests/rewards)."""
 
 import gzip
 import json
@@ -110,22 +110,20 @@ def test_code_infinite_loop_times_out(he):
     assert time.time() - t < 6
 
 
-def test_code_runs_in_a_child_without_the_trainers_secrets(he, tmp_path, monkeypatch):
-    _, p, _ = he
+def test_code_runs_in_a_child_without_the_trainers_secrets(he, monkeypatch):
+    _, p, truth = he
     monkeypatch.setenv("WANDB_API_KEY", "secret")
-    marker = tmp_path / "pid"
-    test = (f"def check(candidate):\n    import os\n    open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
-            "    assert 'WANDB_API_KEY' not in os.environ\n    assert candidate(3.5) == 0.5\n")
-    truth = json.dumps({"kind": "assert", "test": test, "entry_point": "truncate_number", "prompt": p["prompt"]})
-    assert compute_score(HE, block(p["prompt"] + p["canonical_solution"]), truth) == 1.0
-    assert int(marker.read_text()) != os.getpid()
+    leaky = ("def truncate_number(number):\n    import os\n"
+             "    return number % 1.0 if 'WANDB_API_KEY' not in os.environ and os.getppid() != {} else number")
+    assert compute_score(HE, block(leaky.format(os.getpid())), truth) == 1.0  # not this process, not its environment
+    assert compute_score(HE, block(leaky.format(os.getpid()).replace("not in", "in")), truth) == 0.0
 
 
 def test_code_print_flood_is_bounded(he):
     _, _, truth = he
     flood = block("import sys\nwhile True:\n    sys.__stdout__.write('x' * 65536)")
     t = time.time()
-    assert compute_score(HE, flood, truth, code_timeout_s=3) == 0.0  # the 16 MiB file-size limit stops it
+    assert compute_score(HE, flood, truth, code_timeout_s=3) == 0.0  # the wall-clock limit stops it
     assert time.time() - t < 8
 
 
@@ -144,16 +142,6 @@ def test_stdin_and_functional_kinds():
     assert compute_score(LCB, block(good), "not json") == 0.0
 
 
-def test_humaneval_canonical_solutions_pass_in_parallel(he):
-    """A slice of HumanEval's reference solutions, scored from threads as verl's reward loop does."""
-    rows, _, _ = he
-    def one(p):
-        truth = json.dumps({"kind": "assert", "test": p["test"], "entry_point": p["entry_point"], "prompt": p["prompt"]})
-        return compute_score(HE, block(p["prompt"] + p["canonical_solution"]), truth)
-    with ThreadPoolExecutor(4) as pool:
-        assert list(pool.map(one, rows[::8])) == [1.0] * len(rows[::8])
-
-
 def test_verl_loads_it_as_the_custom_reward_function():
     """What the launch scripts set: reward.custom_reward_function.path=pkg://recipe.darl.rewards, name=compute_score."""
     from verl.trainer.ppo.reward import get_custom_reward_fn
@@ -170,4 +158,4 @@ def test_runner_is_stdlib_only():
     """The child imports nothing from the project or site-packages (it runs with python -I)."""
     src = Path(code_reward.RUNNER).read_text()
     imports = {line.split()[1] for line in src.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"io", "json", "math", "os", "resource", "sys"}
+    assert imports <= {"ctypes", "io", "json", "math", "os", "resource", "sys"}

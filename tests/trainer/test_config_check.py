@@ -51,6 +51,8 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
         (REPLAY_ON + ("actor_rollout_ref.rollout.n=32",), "replay.prompt_replay=16 (responses kept per prompt; null follows the preset's 16) is below actor_rollout_ref.rollout.n=32"),
         (("replay.prompt_replay=16",), "replay.prompt_replay=16 needs replay.enable=true"),
         (("replay.prompt_replay=4",), "replay.prompt_replay=4 needs replay.enable=true"),
+        (("+reward.custom_reward_function.reward_kwargs.code_sandbox=bwrap",),
+         "reward.custom_reward_function.reward_kwargs.code_sandbox must be one of auto, namespaces, limits, got 'bwrap'"),
     ],
 )
 def test_each_problem_names_its_key(compose_config, overrides, key):

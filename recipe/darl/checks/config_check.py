@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..core import group_multiple
 from ..core.config import ReplayConfig
 from ..core.darts import DartsConfig
+from ..rewards.code_reward import SANDBOXES
 
 VERL_DEFAULT_THRESHOLD = 2.0
 GROUP_ESTIMATORS = {"grpo", "rloo", "grpo_passk", "opo", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline"}
@@ -271,6 +272,10 @@ def _fault_problems(cfg: DictConfig) -> list[str]:
     policy = faults.get("reward_errors", "raise")
     if policy not in ("raise", "zero"):
         problems.append(f"faults.reward_errors must be raise or zero, got {policy!r}")
+    kwargs = OmegaConf.select(cfg, "reward.custom_reward_function.reward_kwargs") or {}
+    if kwargs.get("code_sandbox", "auto") not in SANDBOXES:
+        problems.append(f"reward.custom_reward_function.reward_kwargs.code_sandbox must be one of {', '.join(SANDBOXES)}, "
+                        f"got {kwargs.get('code_sandbox')!r}")
     return problems
 
 

@@ -1,15 +1,22 @@
-"""Code answers (HumanEval, LiveCodeBench) scored by running their tests in a child process.
+"""Code answers (HumanEval, LiveCodeBench) scored with the verdict outside the model's reach.
 
-The program never runs in the caller's process: `compute_score` writes a spec file and starts
-`python -I recipe/darl/rewards/_runner.py SPEC` in a new session, with a wall-clock limit
-(`timeout_s`, the whole process group is killed when it passes), and the child lowers its own
-limits first (address space `memory_mb`, CPU seconds, 16 MiB file size, no core dumps). The child's
-environment is reduced to PATH/HOME/LANG, so secrets in the trainer's environment (API keys) do not
-reach it. Score: 1.0 when the child prints its pass line (a per-call random token) and exits 0;
-0.0 on a failed test, a timeout, a crash, an early `exit`, or a response without usable code.
+The model's program runs in a sandboxed child (`_runner.py`, see its docstring for the isolation levels) that only
+produces outputs: the program's stdout for stdin-style tasks, plain return values for function-style ones. Every
+comparison with an expected output happens here, in the caller's process, which the program cannot reach; the
+expected outputs never enter the child.
 
-This bounds runaway programs; it is not a security sandbox. For untrusted models at scale use
-verl's sandbox_fusion (`reward.sandbox_fusion.url`) or run the trainer inside a container.
+- stdin (LiveCodeBench): each test's input on the program's stdin; its stdout compared line by line here.
+- functional (LiveCodeBench): the function called on each test's arguments; the value compared here.
+- assert (HumanEval): the task's own `check(candidate)` runs here, on the dataset's test code and prompt (trusted
+  text, never the model's); `candidate` is a proxy that sends each call's arguments to the child and returns the
+  plain value it computed, so every assert of every task (equality, tolerances, loops, helper functions) is decided
+  here on values the program cannot fake.
+Score: 1.0 when every test passed; 0.0 on a failed test, a timeout (`timeout_s` of wall clock for the whole
+program, the child's process group killed), a crash, a value that is not plain data, or no usable code.
+
+The isolation level is chosen on the first call and printed once: "namespaces" where the kernel allows them (no
+network, a read-only view of the system and the interpreter only, a private /tmp), else "limits". docs/rewards.md
+says what each protects against.
 
 Ground truth: a JSON string (one parquet column type for every code dataset):
   {"kind": "assert", "test": "<def check(candidate): ...>", "entry_point": "f", "prompt": "<signature + docstring>"}
@@ -19,20 +26,36 @@ Ground truth: a JSON string (one parquet column type for every code dataset):
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import re
-import secrets
+import selectors
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
+
+from recipe.darl.rewards._runner import decode, encode
 
 RUNNER = Path(__file__).with_name("_runner.py")
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_MB = 1024
+SANDBOXES = ("auto", "namespaces", "limits")
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
 _CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_uids = itertools.count()
+_announced: set[str] = set()
+_announce_lock = threading.Lock()
+
+
+class CandidateFailed(Exception):
+    """The program did not answer a request: it crashed, exited, timed out, or sent something unreadable."""
 
 
 def extract_code(response: str) -> str | None:
@@ -53,55 +76,202 @@ def build_program(code: str, spec: dict) -> str:
     return code
 
 
-def run_tests(code: str, spec: dict, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB) -> bool:
-    """Runs `code` against `spec`'s tests in a child process; True only when every test passed."""
-    token = secrets.token_hex(16)
-    payload = dict(spec, code=code, token=token, memory_mb=int(memory_mb), cpu_s=max(1, int(timeout_s) + 1))
-    payload.pop("prompt", None)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tempfile.gettempdir(), "LANG": "C.UTF-8",
-           "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    with tempfile.TemporaryDirectory(prefix="darl_code_") as work:
-        spec_path = os.path.join(work, "spec.json")
-        with open(spec_path, "w") as f:
-            json.dump(payload, f)
-        out_path = os.path.join(work, "stdout")
-        with open(out_path, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", str(RUNNER), spec_path],
-                cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                return False
-            finally:
-                _kill_group(proc)  # reap anything the program left running in its session
+def _keep() -> list[str]:
+    """What the sandbox's root shows (read-only): the system's programs and libraries and this interpreter."""
+    paths = ["/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32"]
+    for prefix in (sys.base_prefix, sys.prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))):
+        real = os.path.realpath(prefix)
+        if not any(real == p or real.startswith(p + "/") for p in paths):
+            paths.append(real)
+    return paths
+
+
+class Candidate:
+    """One program in its sandboxed child; `ask` sends a request and returns the answer (see _runner.py)."""
+
+    def __init__(self, code: str, kind: str, name: str | None, timeout_s: float, memory_mb: int, sandbox: str):
+        self.deadline = time.monotonic() + timeout_s
+        self.work = tempfile.mkdtemp(prefix="darl_code_")
+        uid = 200_000 + (os.getpid() * 4096 + next(_uids)) % 800_000  # a uid of its own when started as root
+        if os.getuid() == 0:
+            os.chown(self.work, uid, uid)
+        header = {"code": code, "kind": kind, "name": name, "memory_mb": int(memory_mb), "cpu_s": max(1, int(timeout_s) + 1),
+                  "sandbox": {"level": "limits" if sandbox == "limits" else "namespaces", "required": sandbox == "namespaces",
+                              "root": self.work, "uid": uid, "keep": _keep()}}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+               "PYTHONHASHSEED": "0"}  # nothing else from the trainer's environment (API keys)
+        self.proc = subprocess.Popen([sys.executable, "-I", str(RUNNER)], cwd=self.work, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.buffer = b""
         try:
-            with open(out_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 4096))
-                tail = f.read().decode("utf-8", errors="replace").strip().splitlines()
-        except OSError:
+            answer = self._send(header)
+            if "ready" not in answer:
+                raise CandidateFailed(answer.get("error", "the program did not load"))
+        except BaseException:
+            self.close()
+            raise
+        self.level: str = answer["ready"]
+        _announce(self.level)
+
+    def ask(self, request: dict) -> dict:
+        return self._send(request)
+
+    def _send(self, message: dict) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            raise CandidateFailed("the program exited") from e
+        fd = self.proc.stdout.fileno()
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self.buffer:
+                left = self.deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    raise CandidateFailed("time limit")
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    raise CandidateFailed("the program exited")
+                self.buffer += chunk
+                if len(self.buffer) > MAX_ANSWER_BYTES:
+                    raise CandidateFailed("answer too long")
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        try:
+            answer = json.loads(line)
+        except ValueError as e:
+            raise CandidateFailed("unreadable answer") from e
+        if not isinstance(answer, dict):
+            raise CandidateFailed("unreadable answer")
+        return answer
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the program and anything it left in its session
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _announce(level: str) -> None:
+    with _announce_lock:
+        if level not in _announced:
+            _announced.add(level)
+            print(f"[D-ARL] code reward sandbox: {level}", flush=True)
+
+
+# --------------------------------------------------------------------------- verdicts, decided here
+
+
+def outputs_match(got: str, expected: str) -> bool:
+    """Line by line after stripping; tokens that are numbers may differ by 1e-6 (relative or absolute)."""
+    got_lines = [line.strip() for line in got.strip().splitlines()]
+    exp_lines = [line.strip() for line in expected.strip().splitlines()]
+    if got_lines == exp_lines:
+        return True
+    if len(got_lines) != len(exp_lines):
+        return False
+    for g, e in zip(got_lines, exp_lines):
+        gt, et = g.split(), e.split()
+        if len(gt) != len(et):
             return False
-    return rc == 0 and bool(tail) and tail[-1].startswith(f"{token} PASS ")
+        for a, b in zip(gt, et):
+            if a == b:
+                continue
+            try:
+                if not math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-6):
+                    return False
+            except ValueError:
+                return False
+    return True
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _as_lists(value):
+    """Tuples compare as lists (a JSON expected output has no tuples)."""
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_lists(v) for k, v in value.items()}
+    return value
+
+
+def _call(candidate: Candidate, args: list):
+    answer = candidate.ask({"args": encode(list(args))})
+    if "value" not in answer:
+        raise CandidateFailed(answer.get("error", "no value"))
+    return decode(answer["value"])
+
+
+def _passes(candidate: Candidate, spec: dict) -> bool:
+    if spec["kind"] == "stdin":
+        for test in spec["tests"]:
+            answer = candidate.ask({"stdin": test["input"]})
+            if answer.get("exit") != 0 or not outputs_match(str(answer.get("stdout", "")), test["output"]):
+                return False
+        return True
+    if spec["kind"] == "functional":
+        for test in spec["tests"]:
+            args = [json.loads(line) for line in test["input"].split("\n") if line.strip()]
+            if _as_lists(_call(candidate, args)) != _as_lists(json.loads(test["output"])):
+                return False
+        return True
+    # assert: the task's own check, here, with a proxy for the model's function
+    namespace: dict = {"__name__": "__check__"}
+    exec(compile(spec.get("prompt", ""), "<prompt>", "exec"), namespace)
+    exec(compile(spec["test"], "<test>", "exec"), namespace)
+    def proxy(*args):
+        return _call(candidate, args)
+
+    # the entry point's own name is the program's function too (HumanEval/33's check compares it with candidate)
+    namespace[spec["entry_point"]] = proxy
+    namespace["check"](proxy)
+    return True
+
+
+_levels: dict[str, str] = {}
+
+
+def sandbox_level(sandbox: str = "auto") -> str:
+    """The isolation level `sandbox` gives on this machine (tried once per process, then remembered); raises when
+    "namespaces" is required and the kernel refuses them, so that no run scores everything 0 for that reason."""
+    if sandbox not in SANDBOXES:
+        raise ValueError(f"code_sandbox={sandbox!r}: expected one of {SANDBOXES}")
+    if sandbox not in _levels:
+        try:
+            probe = Candidate("pass", "stdin", None, 30.0, DEFAULT_MEMORY_MB, sandbox)
+        except CandidateFailed as e:
+            raise RuntimeError(f"code_sandbox={sandbox}: the sandbox did not start ({e})") from e
+        probe.close()
+        _levels[sandbox] = probe.level
+    return _levels[sandbox]
+
+
+def run_tests(code: str, spec: dict, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
+              sandbox: str = "auto") -> bool:
+    """Runs `code` against `spec`'s tests; True only when every test passed."""
+    sandbox_level(sandbox)
+    kind = "stdin" if spec["kind"] == "stdin" else "call"
+    name = spec.get("fn_name") if spec["kind"] == "functional" else spec.get("entry_point")
+    candidate = None
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:  # pragma: no cover
-        pass
+        candidate = Candidate(code, kind, name, timeout_s, memory_mb, sandbox)
+        return _passes(candidate, spec)
+    except Exception:  # a failed assert, the program's failure, or a value the check could not use
+        return False
+    finally:
+        if candidate is not None:
+            candidate.close()
 
 
 def compute_score(solution_str: str, ground_truth, timeout_s: float = DEFAULT_TIMEOUT_S,
-                  memory_mb: int = DEFAULT_MEMORY_MB) -> float:
-    """1.0 when the response's last code block passes every test, else 0.0 (never raises)."""
+                  memory_mb: int = DEFAULT_MEMORY_MB, sandbox: str = "auto") -> float:
+    """1.0 when the response's last code block passes every test, else 0.0 (never raises on the response)."""
+    sandbox_level(sandbox)
     try:
         spec = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
         if spec.get("kind") not in ("assert", "stdin", "functional"):
@@ -111,6 +281,6 @@ def compute_score(solution_str: str, ground_truth, timeout_s: float = DEFAULT_TI
         code = extract_code(solution_str)
         if code is None:
             return 0.0
-        return 1.0 if run_tests(build_program(code, spec), spec, timeout_s=timeout_s, memory_mb=memory_mb) else 0.0
+        return 1.0 if run_tests(build_program(code, spec), spec, timeout_s, memory_mb, sandbox) else 0.0
     except Exception:
         return 0.0
