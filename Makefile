@@ -33,8 +33,12 @@ $(STAMP): requirements.txt requirements-vllm.txt constraints.txt setup.py packag
 
 install: $(STAMP)
 
+# two pytest workers, one test file each at a time, the longest files first (tests/conftest.py, LONG): the end-to-end
+# launches spend much of their time starting processes one after another, which leaves a core idle
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_core.py

@@ -100,8 +100,19 @@ UNIT = ("core/", "staleness/", "test_docs.py", "trainer/test_replay_step.py", "t
         "faults/test_run_records.py", "example/test_arithmetic.py", "rollout/test_hf_engine.py")
 
 
+# the files that launch training jobs, longest first: `make test` runs files on two pytest workers (pytest-xdist,
+# --dist loadfile), which take files in collection order, so the long ones start first and the short ones fill in
+LONG = ("vllm/test_pipelines.py", "faults/test_kill_resume.py", "faults/test_stop_signal.py", "e2e/test_darts_pipeline.py",
+        "vllm/test_dead_server.py", "vllm/test_vllm_rollout.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = Path(str(item.fspath)).resolve().relative_to(TESTS).as_posix()
+        return LONG.index(path) if path in LONG else len(LONG)
+
     for item in items:
         path = Path(str(item.fspath)).resolve().relative_to(TESTS).as_posix()
         if path.startswith(UNIT):
             item.add_marker(pytest.mark.unit)
+    items.sort(key=rank)  # stable: within a file, and among the other files, pytest's order

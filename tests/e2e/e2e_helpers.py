@@ -1,11 +1,10 @@
-"""What both end-to-end tests build and run: an untrained tiny model with a dense reward (share of digits in
+"""What the end-to-end tests (here and in tests/vllm) build and run: an untrained tiny model with a dense reward (share of digits in
 the response, plus a tie-breaker below 1e-3 from the response's characters), so groups have non-zero advantages
 from the first step; a CPU launch script run on it; verl's file-logger reader."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -14,9 +13,8 @@ from pathlib import Path
 from recipe.darl.example.arithmetic import make_problems, records, write_parquet
 from recipe.darl.example.tiny_model import build_tiny_model
 
-# The tie-breaker: with the digit share alone, a group whose responses hold no digit is uninformative, and
-# which groups are depends on the CPU's float results (CI's machine skipped the two-rank fully-async run's
-# first update, whose 2 groups must both be informative). Distinct responses now get distinct rewards.
+# The tie-breaker: with the digit share alone, a group whose responses hold no digit has no advantage, and which
+# groups do depends on the CPU's float results; distinct responses get distinct rewards, so every group is informative.
 REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     digits = sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)
@@ -44,7 +42,7 @@ def read_log(path: Path) -> dict[int, dict]:
     return steps
 
 
-K = 3  # replay window of both end-to-end tests
+K = 3  # replay window of the end-to-end runs
 
 
 def run_script(script: Path, inputs: dict[str, str], root: Path, log: str, env: dict[str, str], *overrides: str,
@@ -60,29 +58,11 @@ def run_script(script: Path, inputs: dict[str, str], root: Path, log: str, env: 
     return done
 
 
-# Both end-to-end tests train with two FSDP2 ranks over gloo: the two-rank path a GPU run takes (weight sync from
-# two ranks, sharded checkpoints, the replay step sized by dp 2); one rank runs in every other pipeline test.
-RANKS = {"TRAINER_RANKS": "2"}
-
-
 def updates(path: Path) -> list[dict]:
     """verl's file-logger records that hold an actor update, in order (the fully-async trainer logs its last two
     updates under one step, which read_log would merge)."""
     records = [json.loads(line)["data"] for line in path.read_text().splitlines()]
     return [r for r in records if "actor/pg_loss" in r]
-
-
-def assert_trained(steps: list[dict]) -> None:
-    """Every update finite with replayed groups; the first trained on the weights the two ranks synced."""
-    for m in steps:
-        assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"]), m
-        assert m["replay/selected"] > 0 and m["replay/skipped_update"] == 0.0, m
-    # the rollout starts from random weights (load_format=dummy); the first trained batch was generated with
-    # the weights the two ranks synced, which are the ones the trainer recomputed its old log-probs with
-    assert steps[0]["training/rollout_probs_diff_max"] < 1e-5, steps[0]
-    # buffered groups competed with the fresh ones, and groups two versions old were trained
-    assert max(m["replay/candidates"] for m in steps) > steps[0]["replay/candidates"]
-    assert max(m["replay/staleness_max"] for m in steps) >= 2
 
 
 def assert_sharded(checkpoints: Path, step: int) -> None:

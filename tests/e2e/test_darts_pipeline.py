@@ -1,65 +1,21 @@
-"""DARTS (rollout_shaping.*) end to end on CPU through Ray, hf rollout server, D-ARL preset on: the one-step-off
-trainer with adaptive redundancy and L = 0 (a group's tail aborted on the server once n responses finished), a
-checkpoint holding the length-spread EMA and a resume that restores it; the fully-async trainer with fixed
-redundancy and L = 1 (every request finishes, the middle ones are dropped)."""
+"""DARTS (rollout_shaping.*) end to end on CPU through Ray with the fully-async trainer, the test suite's rollout
+backend, D-ARL preset on: fixed redundancy and L = 1 (every request finishes, the middle ones are dropped). The
+one-step-off trainer with adaptive redundancy and L = 0, its checkpointed length-spread EMA and a resume:
+tests/vllm/test_pipelines.py."""
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from e2e_helpers import build_inputs, read_log, run_script
-from recipe.darl.robustness.checkpoint_files import read_checked
+from e2e_helpers import build_inputs, run_script
 
 REPO = Path(__file__).resolve().parents[2]
 SHELLS = REPO / "shells" / "cpu"
 N = 4  # run_script's responses per prompt
-
-
-@pytest.fixture(scope="module")
-def one_step_off(tmp_path_factory):
-    root = tmp_path_factory.mktemp("darts_osp")
-    inputs = build_inputs(root)
-    darts = ("rollout_shaping.enable=true", "rollout_shaping.adaptive=true", "rollout_shaping.mean_ratio=1.5")
-
-    def run(steps: int, log: str) -> subprocess.CompletedProcess:
-        env = dict(STEPS=str(steps), TEST_FREQ="10", SAVE_FREQ="3", TRAIN_BATCH_SIZE="4", RESUME_MODE="auto")
-        return run_script(SHELLS / "one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh", inputs, root, log, env,
-                          *darts, timeout=600)
-
-    first = run(3, "run1.jsonl")
-    state = read_checked(root / "out" / "checkpoints" / "global_step_3" / "darts_state.pt")
-    second = run(4, "run2.jsonl")
-    return {"log1": read_log(root / "run1.jsonl"), "log2": read_log(root / "run2.jsonl"), "state": state,
-            "first": first, "second": second}
-
-
-def test_one_step_off_keeps_n_of_r_and_aborts_the_tail(one_step_off):
-    log = one_step_off["log1"]
-    for step in (1, 2, 3):
-        m = log[step]
-        assert m["rollout_shaping/kept"] == 4 * N  # the trainer's batch: exactly n responses per prompt
-        assert m["rollout_shaping/generated"] == 1.5 * N * 4  # adaptive r_i, mean_ratio * n per prompt
-        # L = 0: the first n finishers kept, every other request aborted, none finished and dropped
-        assert m["rollout_shaping/aborted"] == m["rollout_shaping/generated"] - 4 * N
-        assert m["rollout_shaping/dropped"] == 0
-        assert math.isfinite(m["actor/pg_loss"]) and m["replay/selected"] > 0
-    assert log[3]["rollout_shaping/ema_prompts"] > log[1]["rollout_shaping/ema_prompts"] > 0
-
-
-def test_one_step_off_checkpoint_holds_the_ema_and_resume_restores_it(one_step_off):
-    ema = one_step_off["state"]["ema"]
-    assert len(ema) == one_step_off["log1"][3]["rollout_shaping/ema_prompts"]
-    assert all(v >= 0 and math.isfinite(v) for v in ema.values())
-    text = one_step_off["second"].stdout + one_step_off["second"].stderr
-    assert f"restored the length-spread EMA of {len(ema)} prompts" in text
-    log = one_step_off["log2"]
-    assert [s for s in sorted(log) if "actor/pg_loss" in log[s]] == [4]  # steps 1-3 came from the checkpoint
-    assert log[4]["rollout_shaping/ema_prompts"] >= len(ema)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 A run that saves a checkpoint at every version (and keeps them all) leaves, in each `global_step_<v>/`:
 the replay buffer (`darl_replay.pt`: every stored sample's prompt and response token ids, the rollout's
 log-probs and its stamps `min_global_steps` / `max_global_steps`) and the trainer's weights of version v
-(`actor/model_world_size_1_rank_0.pt`); version 0 is the initial model. For every sample this module
+(`actor/model_world_size_<w>_rank_<r>.pt`); version 0 is the initial model. For every sample this module
 recomputes the response's log-probs with a plain transformers forward (teacher forcing, fp32) under the weights
 its stamp names and reports how far they are from what the rollout engine returned, and how far they are under
 the other versions' weights (so that a test can show the check tells versions apart).
@@ -80,14 +80,17 @@ def load_model(model_path: str):
 
 
 def checkpoint_weights(root: Path, model_path: str, step: int) -> dict[str, torch.Tensor]:
-    """The trainer's weights saved at global_step_<step> (its actor, world size 1); step 0: the initial model."""
+    """The trainer's weights saved at global_step_<step> (its actor's shards, FSDP2 splits dim 0 as torch.chunk does,
+    so the local shards concatenated in rank order are the whole tensor); step 0: the initial model."""
     if step == 0:
         from safetensors.torch import load_file
 
         return load_file(str(Path(model_path) / "model.safetensors"))
-    state = torch.load(Path(root) / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt",
-                       map_location="cpu", weights_only=False)
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).float() for k, v in state.items()}
+    actor = Path(root) / f"global_step_{step}" / "actor"
+    files = sorted(actor.glob("model_world_size_*_rank_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[-1]))
+    shards = [torch.load(f, map_location="cpu", weights_only=False) for f in files]
+    return {k: torch.cat([s[k].to_local() if hasattr(s[k], "to_local") else s[k] for s in shards]).float()
+            for k in shards[0]}
 
 
 @torch.no_grad()

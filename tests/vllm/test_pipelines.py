@@ -6,12 +6,15 @@ through the Ray object store, D-ARL replay K = 3 with pmis) on an untrained tiny
 attention needs head size >= 32) with a dense reward, saving a checkpoint at every version and keeping them all,
 so that `stamps.py` can recompute every stored sample's log-probs under the weights its stamp names.
 
-- vLLM one-step-off: 4 steps, then a run resumed from the step-4 checkpoint to step 5 (the stamp check covers
-  the samples of both runs);
-- vLLM fully-async: weights synced every 2 trainer steps (trigger_parameter_sync_step = 2), partial rollouts,
-  staleness threshold 2, 12 trainer steps (6 syncs); then a run resumed from the version-2 checkpoint;
-- vLLM one-step-off with DARTS (rollout_shaping: adaptive r, L = 0), 3 steps: each group's tail aborted on verl's
-  vLLM server through `abort_request`, n responses kept, and the kept responses' stamps checked like the others.
+- one-step-off, two FSDP2 ranks over gloo (weight sync from two ranks, sharded checkpoints): 4 steps, then a run
+  resumed from the step-4 checkpoint to step 5 (the stamp check covers the samples of both runs);
+- fully-async, two ranks: weights synced every 2 trainer steps (trigger_parameter_sync_step = 2), partial
+  rollouts, staleness threshold 2, 12 trainer steps (6 syncs); a checkpoint taken while the rollouter runs ahead
+  (buffer and message queue), then a run resumed from the version-2 checkpoint;
+- one-step-off with DARTS (rollout_shaping: adaptive r, L = 0), 3 steps and a resume to step 4: each group's tail
+  aborted through verl's vLLM server's `abort_request`, n responses kept, the length-spread EMA checkpointed and
+  restored, and the kept responses' stamps checked like the others.
+That the two-rank update equals the single-rank one on the same batch: tests/workers/test_dp_update.py.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import stamps
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
-from e2e_helpers import K, build_inputs, read_log, run_script  # noqa: E402
+from e2e_helpers import K, assert_sharded, build_inputs, read_log, run_script, updates  # noqa: E402
 
 from recipe.darl.robustness.checkpoint_files import read_checked  # noqa: E402
 
@@ -43,8 +47,8 @@ SYNCS = FULLY_ASYNC_STEPS // SYNC_STEPS
 
 
 def _run(trainer: str, backend: str, root: Path, inputs: dict, log: str, steps: int, *extra: str,
-         resume: str = "disable") -> subprocess.CompletedProcess:
-    env = dict(STEPS=str(steps), SAVE_FREQ="1", RESUME_MODE=resume, ROLLOUT=backend)
+         resume: str = "disable", ranks: int = 2) -> subprocess.CompletedProcess:
+    env = dict(STEPS=str(steps), SAVE_FREQ="1", RESUME_MODE=resume, ROLLOUT=backend, TRAINER_RANKS=str(ranks))
     if trainer == "one_step_off":
         env.update(TEST_FREQ=str(steps), TRAIN_BATCH_SIZE="4")
     else:
@@ -100,8 +104,8 @@ def vllm_one_step_off(tmp_path_factory, vllm_installed):
     second = _run("one_step_off", "vllm", root, inputs, "run2.jsonl", ONE_STEP_OFF_STEPS + 1, resume="auto")
     # the samples of both runs: the resumed run's first sync is stamped ONE_STEP_OFF_STEPS
     report = _stamp_report("one_step_off", root, inputs, resumed_at=(ONE_STEP_OFF_STEPS,))
-    return {"root": root, "first": first, "second": second, "saved": saved, "stamps": report,
-            "log1": read_log(root / "run1.jsonl"), "log2": read_log(root / "run2.jsonl")}
+    return {"root": root, "model": inputs["MODEL_PATH"], "first": first, "second": second, "saved": saved,
+            "stamps": report, "log1": read_log(root / "run1.jsonl"), "log2": read_log(root / "run2.jsonl")}
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +127,13 @@ def vllm_fully_async(tmp_path_factory, vllm_installed):
 def vllm_darts(tmp_path_factory, vllm_installed):
     root = tmp_path_factory.mktemp("vllm_darts")
     inputs = build_inputs(root, hidden_size=128)
-    done = _run("one_step_off", "vllm", root, inputs, "run1.jsonl", 3, "rollout_shaping.enable=true",
-                "rollout_shaping.adaptive=true", "rollout_shaping.mean_ratio=1.5")
-    return {"stamps": _stamp_report("one_step_off", root, inputs), "log1": read_log(root / "run1.jsonl"),
-            "text": done.stdout + done.stderr}
+    darts = ("rollout_shaping.enable=true", "rollout_shaping.adaptive=true", "rollout_shaping.mean_ratio=1.5")
+    done = _run("one_step_off", "vllm", root, inputs, "run1.jsonl", 3, *darts, ranks=1)
+    state = read_checked(root / "out" / "checkpoints" / "global_step_3" / "darts_state.pt")
+    second = _run("one_step_off", "vllm", root, inputs, "run2.jsonl", 4, *darts, resume="auto", ranks=1)
+    return {"stamps": _stamp_report("one_step_off", root, inputs, resumed_at=(3,)), "log1": read_log(root / "run1.jsonl"),
+            "log2": read_log(root / "run2.jsonl"), "state": state, "text": done.stdout + done.stderr,
+            "second": second.stdout + second.stderr}
 
 
 def _trained(log: dict[int, dict]) -> list[int]:
@@ -157,6 +164,21 @@ def test_one_step_off_buffer_fills_with_k_versions(vllm_one_step_off):
         assert len(versions) == min(step, K), (step, versions)
     saved = vllm_one_step_off["saved"]
     assert saved["steps_done"] == ONE_STEP_OFF_STEPS and len({g["version"] for g in saved["groups"]}) == K
+    assert log[ONE_STEP_OFF_STEPS]["replay/candidates"] > 4  # buffered groups compete with the 4 fresh ones
+    assert max(m["replay/selected"] for m in updates(vllm_one_step_off["root"] / "run1.jsonl")) > 4
+    assert max(log[s]["replay/staleness_max"] for s in _trained(log)) >= 2  # groups two versions old were trained
+    assert "val-core/darl/arithmetic/acc/mean@1" in log[ONE_STEP_OFF_STEPS]  # validation on the vLLM server
+
+
+def test_one_step_off_two_ranks_save_sharded_checkpoints_of_trained_weights(vllm_one_step_off):
+    from safetensors.torch import load_file
+
+    checkpoints = vllm_one_step_off["root"] / "out" / "checkpoints"
+    assert_sharded(checkpoints, ONE_STEP_OFF_STEPS + 1)  # the resumed run's last save
+    initial = load_file(str(Path(vllm_one_step_off["model"]) / "model.safetensors"))
+    trained = stamps.checkpoint_weights(checkpoints, vllm_one_step_off["model"], ONE_STEP_OFF_STEPS)
+    assert trained.keys() == initial.keys() and all(trained[k].shape == initial[k].shape for k in initial)
+    assert all(not torch.equal(trained[k], initial[k].float()) for k in initial)  # every tensor was updated
 
 
 def test_one_step_off_resumes_with_its_buffer_on_vllm(vllm_one_step_off):
@@ -165,15 +187,18 @@ def test_one_step_off_resumes_with_its_buffer_on_vllm(vllm_one_step_off):
     versions = sorted({g["version"] for g in saved["groups"]})
     assert (f"restored the replay buffer: {len(saved['groups'])} groups, versions {versions}, "
             f"steps_done {saved['steps_done']}, next_seq {saved['next_seq']}") in text
-    assert _trained(log2) == [ONE_STEP_OFF_STEPS + 1]
-    assert math.isfinite(log2[ONE_STEP_OFF_STEPS + 1]["actor/pg_loss"])
+    step = ONE_STEP_OFF_STEPS + 1
+    assert _trained(log2) == [step] and math.isfinite(log2[step]["actor/pg_loss"])
+    # the resumed step's candidates: the saved groups still in the window plus the 4 fresh ones
+    in_window = [g for g in saved["groups"] if g["version"] > versions[0]]
+    assert log2[step]["replay/candidates"] == len(in_window) + 4 - log2[step]["replay/dropped_zero_adv"]
 
 
 # ---------------------------------------------------------------- fully-async with vLLM
 
 def test_fully_async_trains_on_vllm_rollouts_with_staleness_above_one(vllm_fully_async):
     log, text = vllm_fully_async["log1"], vllm_fully_async["first"].stdout + vllm_fully_async["first"].stderr
-    assert "(vLLMHttpServer pid=" in text and "HFRolloutServer" not in text
+    assert "(vLLMHttpServer pid=" in text and "HFRolloutServer" not in text and "[D-ARL]" in text
     trained = _trained(log)
     assert trained == list(range(1, SYNCS + 1))  # one record per weight sync
     for step in trained:
@@ -188,15 +213,24 @@ def test_fully_async_trains_on_vllm_rollouts_with_staleness_above_one(vllm_fully
 
 def test_fully_async_checkpoint_and_resume_on_vllm(vllm_fully_async):
     saved, queued, ckpt = vllm_fully_async["saved"], vllm_fully_async["queued"], vllm_fully_async["ckpt"]
-    assert (ckpt / "actor").is_dir() and len(saved["groups"]) > 0
+    assert_sharded(ckpt.parent, int((ckpt.parent / "latest_checkpointed_iteration.txt").read_text()))
+    assert (ckpt / "data.pt").exists() and saved["steps_done"] >= 1 and len(saved["groups"]) > 0
+    # the rollouter runs up to 2 syncs ahead of the trainer, so the queue holds samples at the checkpoint: the
+    # requeue below is not vacuous
+    first = vllm_fully_async["first"].stdout + vllm_fully_async["first"].stderr
+    assert len(queued) > 0 and f"saved {len(queued)} generated but untrained sample(s) to {ckpt}/darl_queue.pt" in first
     text = vllm_fully_async["second"].stdout + vllm_fully_async["second"].stderr
     versions = sorted({g["version"] for g in saved["groups"]})
     assert (f"restored the replay buffer: {len(saved['groups'])} groups, versions {versions}, "
             f"steps_done {saved['steps_done']}, next_seq {saved['next_seq']}") in text
-    assert f"requeued {len(queued)} generated but untrained sample(s)" in text
+    assert f"requeued {len(queued)} generated but untrained sample(s) from {ckpt}/darl_queue.pt" in text
+    # the resumed run trains exactly the versions the first run trained after its checkpoint: the requeued samples
+    # count against the rollouter's total, so none is generated twice or left over
     log1, log2 = vllm_fully_async["log1"], vllm_fully_async["log2"]
     after = [s for s in _trained(log1) if log1[s]["fully_async/count/current_param_version"] >= 2]
     assert _trained(log2) == after
+    assert [log2[s]["fully_async/count/current_param_version"] for s in after] == \
+        [log1[s]["fully_async/count/current_param_version"] for s in after]
 
 
 # ---------------------------------------------------------------- DARTS on vLLM
@@ -208,7 +242,17 @@ def test_darts_aborts_each_groups_tail_on_the_vllm_server(vllm_darts):
         m = log[step]
         assert m["rollout_shaping/kept"] == 4 * 4 and m["rollout_shaping/generated"] == 1.5 * 4 * 4
         assert m["rollout_shaping/aborted"] == m["rollout_shaping/generated"] - m["rollout_shaping/kept"]
-        assert m["rollout_shaping/dropped"] == 0 and math.isfinite(m["actor/pg_loss"])
+        assert m["rollout_shaping/dropped"] == 0 and math.isfinite(m["actor/pg_loss"]) and m["replay/selected"] > 0
+    assert log[3]["rollout_shaping/ema_prompts"] > log[1]["rollout_shaping/ema_prompts"] > 0
+
+
+def test_darts_checkpoint_holds_the_ema_and_resume_restores_it(vllm_darts):
+    ema = vllm_darts["state"]["ema"]
+    assert len(ema) == vllm_darts["log1"][3]["rollout_shaping/ema_prompts"]
+    assert all(v >= 0 and math.isfinite(v) for v in ema.values())
+    assert f"restored the length-spread EMA of {len(ema)} prompts" in vllm_darts["second"]
+    log = vllm_darts["log2"]
+    assert _trained(log) == [4] and log[4]["rollout_shaping/ema_prompts"] >= len(ema)  # steps 1-3: the checkpoint
 
 
 # ---------------------------------------------------------------- version stamps, on the product's rollout

@@ -1,7 +1,8 @@
 """DARTS in verl's agent-loop worker (recipe/darl/workers/darts_rollout.py): finishing order, the abort of a group's
 tail once n have finished, dual-end selection and the counts, on rows of known durations; and the server-side abort
 of a cancelled request. verl's own per-row agent loop and batch assembly are replaced by stand-ins that record what
-they are given; the end-to-end run through Ray is tests/e2e/test_darts_pipeline.py."""
+they are given; the end-to-end runs through Ray are in tests/vllm/test_pipelines.py (one-step-off)
+and tests/e2e/test_darts_pipeline.py (fully-async)."""
 
 from __future__ import annotations
 
