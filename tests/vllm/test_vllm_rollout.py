@@ -77,3 +77,17 @@ def test_abort_returns_the_partial_response_with_its_log_probs(check):
     assert aborted["stop_reason"] == "aborted" and 0 < aborted["n"] < 4000
     assert aborted["n_log_probs"] == aborted["n"] and aborted["version"] == 3
     assert check["after_abort"] == {"stop_reason": "completed", "n": 8}
+
+
+def test_one_request_aborted_by_its_id_stops_decoding_on_the_server(check):
+    """DARTS's tail abort on verl's vLLM server: verl 0.9.1's abort_request looks the id up among vLLM's internal ids
+    (`<id>-<8 random characters>`), finds nothing and the request decodes on; `abort_in_engine` (vLLM's engine abort
+    by the same id) stops it within an engine step or two, and the request leaves the engine."""
+    found = check["one_abort"]
+    assert found["verl_result"]["aborted"] is False and "not found" in found["verl_result"]["error"]
+    assert len(found["live_ids"]) == 1 and found["live_ids"][0].startswith("tail-")  # the randomised internal id
+    assert found["decoded_after_verl_abort"] > 20, found  # still decoding half a second after verl's abort
+    assert "returned_error" not in found, found
+    assert found["stop_reason"] == "aborted" and found["returned_tokens"] < 4000
+    assert found["returned_tokens"] - found["tokens_at_abort"] <= 4, found  # no decoding after the abort
+    assert found["live_after_ours"] == {}

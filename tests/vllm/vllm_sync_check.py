@@ -67,6 +67,22 @@ def _server_facts(server):
             "verl_platform": _os.environ.get("VERL_PLATFORM"), "class": type(server).__name__}
 
 
+def _live_tokens(server) -> dict[str, int]:
+    """The requests vLLM's engine is decoding, by internal id (`<request id>-<8 random characters>`), and the tokens
+    each has decoded so far."""
+    return {rid: state.detokenizer.num_output_tokens()
+            for rid, state in server.engine.output_processor.request_states.items()}
+
+
+def _abort_counting(server, request_id: str) -> int:
+    """The tokens `request_id` has decoded at this moment; then the project's abort (it returns once vLLM's done)."""
+    from recipe.darl.workers.darts_rollout import abort_in_engine
+
+    found = [v for k, v in _live_tokens(server).items() if k.rsplit("-", 1)[0] == request_id]
+    assert abort_in_engine(server, request_id)
+    return found[0] if found else -1
+
+
 def _rss_mb() -> dict:
     import psutil
 
@@ -173,6 +189,33 @@ def main(model_path: str) -> None:
                       "n_log_probs": len(aborted.log_probs or []), "version": aborted.extra_fields.get("global_steps")}
     out["after_abort"] = {"stop_reason": after.stop_reason, "n": len(after.token_ids)}
     mark("controls")
+
+    # 6. one request aborted by its id, as DARTS aborts a group's tail: verl's abort_request, then the project's
+    async def one_abort():
+        params = {"max_tokens": 4000, "ignore_eos": True, "temperature": 1.0}
+        async def tail():  # straight to the server, with the id verl's client would have given it
+            return await server.generate.remote(prompt_ids=prompt, sampling_params=params, request_id="tail")
+
+        task = asyncio.create_task(tail())
+        await asyncio.sleep(0.5)
+        found = {"verl_result": await server.abort_request.remote("tail", reset_prefix_cache=False)}
+        before = await server.__ray_call__.remote(_live_tokens)
+        await asyncio.sleep(0.5)
+        after = await server.__ray_call__.remote(_live_tokens)
+        found["live_ids"], found["decoded_after_verl_abort"] = list(before), sum(after.values()) - sum(before.values())
+        found["tokens_at_abort"] = await server.__ray_call__.remote(_abort_counting, "tail")
+        t = time.time()
+        try:
+            done = await asyncio.wait_for(task, 30)
+            found.update(returned_tokens=len(done.token_ids), stop_reason=done.stop_reason,
+                         returned_after_s=round(time.time() - t, 3))
+        except (asyncio.TimeoutError, Exception) as e:  # noqa: BLE001 - reported, the test reads it
+            found["returned_error"] = type(e).__name__
+        found["live_after_ours"] = await server.__ray_call__.remote(_live_tokens)
+        return found
+
+    out["one_abort"] = asyncio.run(one_abort())
+    mark("one_abort")
     out["times"] = TIMES
     print(json.dumps(out))
     sys.stdout.flush()

@@ -6,8 +6,7 @@
   its bookkeeping columns, so the trainer sees exactly n responses per prompt, in verl's order.
 - `DartsAgentLoopWorker` (verl's `AgentLoopWorker`, one Ray actor per worker) runs the r requests of a group as
   verl runs any row, records the order they finish in, aborts the rest once n have finished (L = 0: the request is
-  aborted on its server through `abort_request`, which verl's vLLM server and the hf backend both have), and
-  keeps the n - L first and the L last.
+  aborted in its server's engine, `abort_in_engine`), and keeps the n - L first and the L last.
 
 Rows are planned as extra copies of a group's rows (column `darts_extra`), so a group split across two workers by
 verl's chunking still works: each part selects among its own rows.
@@ -19,7 +18,7 @@ import asyncio
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 from uuid import uuid4
 
 import numpy as np
@@ -162,9 +161,26 @@ async def _generate_or_abort(handle, kwargs: dict):
     ref = handle.generate.remote(**kwargs)
     try:
         return await ref
-    except asyncio.CancelledError:
-        handle.abort_request.remote(kwargs["request_id"], reset_prefix_cache=False)  # fire and forget
+    except asyncio.CancelledError:  # fire and forget: vLLM's engine abort, and the server's own abort_request
+        handle.__ray_call__.remote(abort_in_engine, kwargs["request_id"])
+        handle.abort_request.remote(kwargs["request_id"], reset_prefix_cache=False)
         raise
+
+
+def abort_in_engine(server, request_id: str, timeout_s: float = 10.0) -> bool:
+    """Runs in verl's vLLM server actor (Ray's `__ray_call__`, on a thread of the actor) and aborts `request_id` with
+    vLLM's own `AsyncLLM.abort`, on the engine's event loop; False where the server has no vLLM engine.
+
+    vLLM gives each request an internal id, `<id>-<8 random characters>`; `AsyncLLM.abort` maps the id verl gave the
+    request to it, while verl 0.9.1's `abort_request` looks the given id up among the internal ids, finds nothing and
+    leaves the request decoding to its end (docs/darts.md). Servers whose `abort_request` works (the test suite's)
+    are aborted through it; verl's finds nothing and changes nothing."""
+    engine = getattr(server, "engine", None)
+    handler = getattr(engine, "output_handler", None)  # AsyncLLM's output task: it runs on the engine's loop
+    if not callable(getattr(engine, "abort", None)) or handler is None:
+        return False
+    asyncio.run_coroutine_threadsafe(engine.abort(request_id), handler.get_loop()).result(timeout_s)
+    return True
 
 
 class DartsManagerMixin:
