@@ -2,7 +2,6 @@
 
 import gzip
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
@@ -114,9 +113,9 @@ def test_code_runs_in_a_child_without_the_trainers_secrets(he, monkeypatch):
     _, p, truth = he
     monkeypatch.setenv("WANDB_API_KEY", "secret")
     leaky = ("def truncate_number(number):\n    import os\n"
-             "    return number % 1.0 if 'WANDB_API_KEY' not in os.environ and os.getppid() != {} else number")
-    assert compute_score(HE, block(leaky.format(os.getpid())), truth) == 1.0  # not this process, not its environment
-    assert compute_score(HE, block(leaky.format(os.getpid()).replace("not in", "in")), truth) == 0.0
+             "    return number % 1.0 if 'WANDB_API_KEY' not in os.environ else number")
+    assert compute_score(HE, block(leaky), truth) == 1.0  # the trainer's environment did not reach the program
+    assert compute_score(HE, block(leaky.replace("not in", "in")), truth) == 0.0
 
 
 def test_code_print_flood_is_bounded(he):

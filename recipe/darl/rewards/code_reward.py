@@ -104,7 +104,7 @@ class Candidate:
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         self.buffer = b""
         try:
-            answer = self._send(header)
+            answer = self.ask(header)
             if "ready" not in answer:
                 raise CandidateFailed(answer.get("error", "the program did not load"))
         except BaseException:
@@ -113,10 +113,7 @@ class Candidate:
         self.level: str = answer["ready"]
         _announce(self.level)
 
-    def ask(self, request: dict) -> dict:
-        return self._send(request)
-
-    def _send(self, message: dict) -> dict:
+    def ask(self, message: dict) -> dict:
         try:
             self.proc.stdin.write(json.dumps(message).encode() + b"\n")
             self.proc.stdin.flush()
