@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Qwen3-1.7B on GSM8K, FSDP2 trainer on 1 GPU, vLLM rollout on 1 GPU (one-step-off): the preset (as in the `_pmis_sg`
-# script) plus DARTS (docs/darts.md): adaptive redundancy (r_i in [n, 2n], 1.25 n on average), each group's tail aborted
-# once n responses finished (L = 0). Environment variables: shells/common.sh.
+# script) plus DARTS (docs/darts.md) with the released code's defaults: adaptive redundancy (n = 8: r_i in [10, 16],
+# mean 12), L_i = (16 - r_i) // 2, after 10 warm-up steps of r = 12 with every tail aborted once n finished (L = 0).
+# Environment variables: shells/common.sh.
 # Not yet run on a GPU (docs/running.md, 'What has run where').
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

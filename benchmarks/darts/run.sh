@@ -5,13 +5,15 @@
 #   PRESET=off CONFIGS="base adapt0" bash benchmarks/darts/run.sh runs/darts    # decoupled PPO, no replay
 #   ROLLOUT=vllm CONFIGS="base adapt0" bash benchmarks/darts/run.sh runs/darts-vllm
 # CONFIGS: base (r = n: every response kept, the reference), fixed0 / fixed1 (r = 10, L = 0 / 1),
-# adapt0 / adapt1 (adaptive r_i, mean 1.25 n in [n, 2n], L = 0 / 1). Summary: benchmarks/darts/summary.py.
+# adapt0 / adapt1 (adaptive r_i, mean 1.25 n in [n, 2n], L = 0 / 1, no warm-up), released (the defaults: the
+# released code's adaptive r_i in [10, 16] with mean 12, L_i = (16 - r_i) // 2, 10 warm-up steps).
+# Summary: benchmarks/darts/summary.py.
 set -euo pipefail
 OUT="$(realpath -m "${1:-runs/darts}")"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$ROOT/benchmarks/rollout_env.sh"  # the rollout the archived runs used (hf), unless ROLLOUT is set
 SEEDS="${SEEDS:-0}"
-CONFIGS="${CONFIGS:-base fixed0 fixed1 adapt0 adapt1}"
+CONFIGS="${CONFIGS:-base fixed0 fixed1 adapt0 adapt1 released}"
 PRESET="${PRESET:-on}"
 export TASK=longtail
 case "$PRESET" in
@@ -22,11 +24,13 @@ esac
 for seed in $SEEDS; do
     for cfg in $CONFIGS; do
         case "$cfg" in
-            base) darts=(rollout_shaping.responses=8) ;;
+            base) darts=(rollout_shaping.responses=8 rollout_shaping.keep_last=0) ;;
             fixed0) darts=(rollout_shaping.responses=10 rollout_shaping.keep_last=0) ;;
             fixed1) darts=(rollout_shaping.responses=10 rollout_shaping.keep_last=1) ;;
-            adapt0) darts=(rollout_shaping.adaptive=true rollout_shaping.keep_last=0) ;;
-            adapt1) darts=(rollout_shaping.adaptive=true rollout_shaping.keep_last=1) ;;
+            adapt0|adapt1) darts=(rollout_shaping.adaptive=true rollout_shaping.keep_last=${cfg#adapt}
+                                  rollout_shaping.mean_ratio=1.25 rollout_shaping.min_responses=8
+                                  rollout_shaping.warmup_steps=0) ;;
+            released) darts=(rollout_shaping.adaptive=true) ;;
             *) echo "unknown config '$cfg'" >&2; exit 1 ;;
         esac
         run="$OUT/preset_$PRESET/seed$seed/$cfg"

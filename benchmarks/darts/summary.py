@@ -3,10 +3,15 @@
     python benchmarks/darts/summary.py runs/darts [--plot docs/evidence/darts/curves.png]
     python benchmarks/darts/summary.py docs/evidence/darts          # the committed raw logs (metrics.jsonl.gz)
 
-Per run (medians over steps 2..T: step 1 waits for the first batch): rollout wall time per step (verl's
-`timing_s/generate_async`, the generation of one batch), p50/p95 of kept response lengths, responses generated per
+Per run (medians over steps 2..T: step 1 waits for the first batch): generation time per step
+(`rollout_shaping/generation_s`: from submitting the step's requests to the last kept response's finish; runs logged
+before that metric existed fall back to verl's `timing_s/agent_loop/generate_sequences/max`, the slowest kept
+request, marked `*`), tokens decoded and kept per step, p50/p95 of kept response lengths, responses generated per
 prompt, share aborted, step time; the training reward (digit share) over the last 3 steps; the wall time (sum of
 step times) until the training reward first reaches the same seed's `base` run's final reward.
+
+The one-step-off trainer generates the next batch while it trains on this one, so a step lasts max(generation,
+training): generation shorter than training is hidden, and only generation time shows what DARTS changes.
 """
 
 from __future__ import annotations
@@ -30,7 +35,12 @@ def summarize(log: Path) -> dict[str, float]:
     m = read_log(log)
     rewards = [v for _, v in m[REWARD]]
     steps = [v for _, v in m["timing_s/step"]]
-    out = {"gen_s": statistics.median(_values(m, "timing_s/generate_async")),
+    gen = "rollout_shaping/generation_s" if "rollout_shaping/generation_s" in m else (
+        "timing_s/agent_loop/generate_sequences/max")
+    decoded, kept = (_values(m, f"rollout_shaping/tokens_{k}") for k in ("decoded", "kept"))
+    out = {"gen_s": statistics.median(_values(m, gen)), "gen_metric": "" if gen.startswith("rollout_") else "*",
+           "decoded": statistics.median(decoded) if decoded else float("nan"),
+           "kept_tokens": statistics.median(kept) if kept else float("nan"),
            "step_s": statistics.median(_values(m, "timing_s/step")),
            "p50": statistics.median(_values(m, "rollout_shaping/kept_length_p50", 1)),
            "p95": statistics.median(_values(m, "rollout_shaping/kept_length_p95", 1)),
@@ -53,6 +63,9 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float:
 
 def _cell(vals: list[float]) -> str:
     """mean ± std over seeds; values that never happened (inf) are counted apart."""
+    vals = [v for v in vals if v == v]  # NaN: not logged by this run
+    if not vals:
+        return "-"
     finite = [v for v in vals if v != float("inf")]
     never = f" (never in {len(vals) - len(finite)} of {len(vals)})" if len(finite) < len(vals) else ""
     if not finite:
@@ -76,7 +89,8 @@ def main() -> None:
     for (preset, cfg, seed), r in runs.items():
         base = runs.get((preset, "base", seed))
         r["time_to_base"] = time_to(r["curve"], base["final_reward"]) if base else float("nan")
-    keys = ["gen_s", "step_s", "p50", "p95", "r_per_prompt", "aborted", "final_reward", "time_to_base"]
+    keys = ["gen_s", "decoded", "kept_tokens", "step_s", "p50", "p95", "r_per_prompt", "aborted", "final_reward",
+            "time_to_base"]
     print("| preset | config | seeds | " + " | ".join(keys) + " |\n|" + "---|" * (len(keys) + 3))
     groups: dict[tuple[str, str], list[dict]] = {}
     for (preset, cfg, seed), r in runs.items():
@@ -84,13 +98,13 @@ def main() -> None:
     for (preset, cfg), rs in groups.items():
         cells = []
         for k in keys:
-            cells.append(_cell([r[k] for r in rs]))
+            cells.append(_cell([r[k] for r in rs]) + (rs[0]["gen_metric"] if k == "gen_s" else ""))
         print(f"| {preset} | {cfg} | {len(rs)} | " + " | ".join(cells) + " |")
     for (preset, cfg), rs in groups.items():
         base = groups.get((preset, "base"))
         if base and cfg != "base":
             ratio = statistics.mean(r["gen_s"] for r in base) / statistics.mean(r["gen_s"] for r in rs)
-            print(f"rollout time per step, {preset} {cfg}: base / {cfg} = {ratio:.2f}x")
+            print(f"generation time per step, {preset} {cfg}: base / {cfg} = {ratio:.2f}x")
     if args.plot:
         import matplotlib
         matplotlib.use("Agg")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The preset on CPU (as in the `_pmis_sg` script) plus DARTS (docs/darts.md): adaptive redundancy (r_i in [n, 2n],
-# 1.25 n on average), each group's tail aborted once n responses finished (L = 0). On the long-tail example by default
+# The preset on CPU (as in the `_pmis_sg` script) plus DARTS (docs/darts.md) with the released code's defaults:
+# adaptive redundancy (r_i in [1.25n, 2n], 1.5 n on average; n = 8: [10, 16], mean 12), L_i = (2n - r_i) // 2, after
+# 10 warm-up steps of r = 1.5 n with every tail aborted once n finished (L = 0). On the long-tail example by default
 # (TASK=longtail: the untrained tiny model, whose response lengths have a long tail); variables: shells/cpu/common.sh.
 set -euo pipefail
 export TASK="${TASK:-longtail}"

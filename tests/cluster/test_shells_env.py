@@ -99,9 +99,15 @@ def test_darts_variants_compose_with_rollout_shaping(tmp_path):
     one_step_off, fully_async = run_dry([
         (SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg_darts.sh", [], env),
         (SHELLS / "fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg_darts.sh", [], env)])
+    from recipe.darl.core.darts import DartsConfig
+
     for cfg in (one_step_off, fully_async):
         assert cfg["rollout_shaping"]["enable"] is True and cfg["rollout_shaping"]["adaptive"] is True
         assert cfg["replay"]["enable"] is True
+        # the released code's settings for n = 8: r_i in [10, 16] with mean 12, L_i = (16 - r_i) // 2, 10 warm-up steps
+        darts = DartsConfig.from_dict(cfg["rollout_shaping"], n=8)
+        assert darts.bounds(8) == (10, 16) and darts.mean_ratio * 8 == 12 and darts.warmup_steps == 10
+        assert [darts.keep_last_for(r, 8) for r in (10, 12, 16)] == [3, 2, 0]
     manager = "recipe.darl.workers.darts_rollout.DartsAgentLoopManager"
     assert one_step_off["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] == manager
     assert fully_async["actor_rollout_ref"]["rollout"]["agent"].get("agent_loop_manager_class") is None

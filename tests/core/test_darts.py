@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipe.darl.core.darts import DartsConfig, LengthSpreadEma, allocate, dual_end_keep, normalise
+from recipe.darl.core.darts import DartsConfig, LengthSpreadEma, allocate, dual_end_keep, normalise, split_counts
 
 
 def test_normalise_is_darts_min_max_with_plus_one():
@@ -36,10 +36,27 @@ def test_dual_end_keeps_first_and_last_finishers():
 
 def test_length_spread_ema():
     ema = LengthSpreadEma(alpha=0.3)
-    assert ema.update("a", [2, 4]) == pytest.approx(1.0)  # population std
-    assert ema.update("a", [0, 6]) == pytest.approx(0.3 * 3 + 0.7 * 1)
+    assert ema.update("a", [2, 4]) == pytest.approx(2 ** 0.5)  # sample std: sqrt(((2-3)^2 + (4-3)^2) / 1)
+    assert ema.update("a", [0, 6]) == pytest.approx(0.3 * 18 ** 0.5 + 0.7 * 2 ** 0.5)
+    assert ema.update("single", [5]) == 0.0
     restored = LengthSpreadEma(0.3, ema.state_dict())
-    assert restored.get("a") == pytest.approx(1.6) and restored.get("b") is None
+    assert restored.get("a") == pytest.approx(0.3 * 18 ** 0.5 + 0.7 * 2 ** 0.5) and restored.get("b") is None
+
+
+def test_ema_recency_follows_the_latest_update():
+    ema = LengthSpreadEma(alpha=0.3)
+    for key in ("a", "b", "c"):
+        ema.update(key, [1, 2])
+    ema.update("a", [1, 3])  # updated again: now the most recent
+    assert ema.recent(2) == ["c", "a"] and ema.recent(0) == []
+    assert LengthSpreadEma(0.3, ema.state_dict()).recent(3) == ["b", "c", "a"]  # the order survives a checkpoint
+
+
+def test_split_counts_in_proportion_to_the_parts():
+    assert split_counts(4, [8]) == [4]
+    assert split_counts(4, [6, 2]) == [3, 1]  # a group split 6 + 2 across two workers: each part gets slack
+    assert split_counts(1, [7, 1]) == [1, 0] and split_counts(1, [4, 4]) == [1, 0]  # ties: the first part
+    assert split_counts(5, [3, 3, 2]) == [2, 2, 1] and sum(split_counts(7, [5, 2, 1])) == 7
 
 
 def test_config_problems_name_their_keys():
@@ -47,19 +64,25 @@ def test_config_problems_name_their_keys():
                                           "typo": 1}, n=4)
     text = "\n".join(problems)
     assert "rollout_shaping.typo" in text and "rollout_shaping.responses must be null or an integer >= " in text
-    assert "rollout_shaping.keep_last (L) must be an integer in [0, rollout.n=4)" in text
+    assert "rollout_shaping.keep_last (L) must be null or an integer in [0, rollout.n=4)" in text
     assert "rollout_shaping.ema_alpha must be in (0, 1]" in text
     bounds = DartsConfig.problems_of({"adaptive": True, "min_responses": 6, "max_responses": 5}, n=4)
     assert bounds == ["rollout_shaping.min_responses=6 exceeds rollout_shaping.max_responses=5"]
     mean = DartsConfig.problems_of({"adaptive": True, "mean_ratio": 2.5}, n=4)
-    assert mean and "outside [min_responses, max_responses] = [4, 8]" in mean[0]
+    assert mean and "outside [min_responses, max_responses] = [5, 8]" in mean[0]
     assert DartsConfig.problems_of({"adaptive": True, "responses": 5}, n=4)  # one of them
     assert DartsConfig.problems_of({"enable": True, "adaptive": True}, n=8) == []
     with pytest.raises(ValueError, match="invalid rollout_shaping config"):
         DartsConfig.from_dict({"keep_last": -1}, n=4)
 
 
-def test_fixed_responses_default_from_mean_ratio():
-    assert DartsConfig().fixed_responses(8) == 10  # the released default: r = 10 for n = 8
-    assert DartsConfig(responses=5).fixed_responses(4) == 5
-    assert DartsConfig().bounds(4) == (4, 8)
+def test_released_defaults():
+    # the released streaming trainer, n = 8: r_i in [10, 16] with mean 12, L_i = (16 - r_i) // 2, 10 warm-up steps
+    c = DartsConfig()
+    assert c.bounds(8) == (10, 16) and c.mean_ratio * 8 == 12 and c.warmup_steps == 10
+    assert [c.keep_last_for(r, 8) for r in (10, 12, 13, 15, 16)] == [3, 2, 1, 0, 0]
+    assert c.fixed_responses(8) == 12 and DartsConfig(responses=5).fixed_responses(4) == 5
+    assert DartsConfig(keep_last=0).keep_last_for(10, 8) == 0  # a set L holds for every group
+    assert c.keep_last_for(4, 2) == 0 and DartsConfig(max_responses=40).keep_last_for(8, 8) == 7  # at most n - 1
+    assert DartsConfig.problems_of({"warmup_steps": -1}, n=8) == [
+        "rollout_shaping.warmup_steps must be an integer >= 0, got -1"]

@@ -41,5 +41,8 @@ def test_fully_async_keeps_first_and_last_finishers(fully_async):
     # L = 1: every request runs to its end (no abort); of 6 finished, the middle 2 are dropped
     assert sum(m["rollout_shaping/aborted"] for m in steps) == 0
     assert sum(m["rollout_shaping/dropped"] for m in steps) == generated - kept
+    assert sum(m["rollout_shaping/tokens_dropped"] for m in steps) > 0  # the dropped middles decoded to their end
+    assert sum(m["rollout_shaping/tokens_aborted"] for m in steps) == 0
+    assert all(m["rollout_shaping/generation_s"] > 0 for m in steps)
     assert all(math.isfinite(m["actor/pg_loss"]) for m in fully_async["records"] if "actor/pg_loss" in m)
     assert (fully_async["folder"] / "darts_state.pt").exists()

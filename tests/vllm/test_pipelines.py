@@ -11,9 +11,10 @@ so that `stamps.py` can recompute every stored sample's log-probs under the weig
 - fully-async, two ranks: weights synced every 2 trainer steps (trigger_parameter_sync_step = 2), partial
   rollouts, staleness threshold 2, 12 trainer steps (6 syncs); a checkpoint taken while the rollouter runs ahead
   (buffer and message queue), then a run resumed from the version-2 checkpoint;
-- one-step-off with DARTS (rollout_shaping: adaptive r, L = 0), 3 steps and a resume to step 4: each group's tail
-  aborted through verl's vLLM server's `abort_request`, n responses kept, the length-spread EMA checkpointed and
-  restored, and the kept responses' stamps checked like the others.
+- one-step-off with DARTS (rollout_shaping: the released defaults with a 2-step warm-up), 3 steps and a resume to
+  step 4: in the warm-up each group's tail aborted in the vLLM server's engine (the partial responses counted), n
+  responses kept, generation timed; then adaptive r_i with L_i = (2n - r_i) // 2; the length-spread EMA and the
+  warm-up's progress checkpointed and restored, and the kept responses' stamps checked like the others.
 That the two-rank update equals the single-rank one on the same batch: tests/workers/test_dp_update.py.
 """
 
@@ -127,7 +128,7 @@ def vllm_fully_async(tmp_path_factory, vllm_installed):
 def vllm_darts(tmp_path_factory, vllm_installed):
     root = tmp_path_factory.mktemp("vllm_darts")
     inputs = build_inputs(root, hidden_size=128)
-    darts = ("rollout_shaping.enable=true", "rollout_shaping.adaptive=true", "rollout_shaping.mean_ratio=1.5")
+    darts = ("rollout_shaping.enable=true", "rollout_shaping.adaptive=true", "rollout_shaping.warmup_steps=2")
     done = _run("one_step_off", "vllm", root, inputs, "run1.jsonl", 3, *darts, ranks=1)
     state = read_checked(root / "out" / "checkpoints" / "global_step_3" / "darts_state.pt")
     second = _run("one_step_off", "vllm", root, inputs, "run2.jsonl", 4, *darts, resume="auto", ranks=1)
@@ -240,9 +241,18 @@ def test_darts_aborts_each_groups_tail_on_the_vllm_server(vllm_darts):
     assert "(vLLMHttpServer pid=" in vllm_darts["text"] and _trained(log) == [1, 2, 3]
     for step in (1, 2, 3):
         m = log[step]
+        # 4 prompts, n = 4: r_i sum to 1.5 n per prompt, in the warm-up and after it
         assert m["rollout_shaping/kept"] == 4 * 4 and m["rollout_shaping/generated"] == 1.5 * 4 * 4
-        assert m["rollout_shaping/aborted"] == m["rollout_shaping/generated"] - m["rollout_shaping/kept"]
-        assert m["rollout_shaping/dropped"] == 0 and math.isfinite(m["actor/pg_loss"]) and m["replay/selected"] > 0
+        assert m["rollout_shaping/aborted"] + m["rollout_shaping/dropped"] == 1.5 * 4 * 4 - 4 * 4
+        assert math.isfinite(m["actor/pg_loss"]) and m["replay/selected"] > 0
+        tokens = [m[f"rollout_shaping/tokens_{k}"] for k in ("kept", "dropped", "aborted")]
+        assert m["rollout_shaping/tokens_decoded"] == sum(tokens) and tokens[0] > 0
+        assert 0 < m["rollout_shaping/generation_s"] < m["timing_s/step"] + 60
+    for step in (1, 2):  # the warm-up: r = 6, L = 0: every tail aborted, each returned its partial response
+        m = log[step]
+        assert m["rollout_shaping/warmup"] == 1 and m["rollout_shaping/dropped"] == 0
+        assert m["rollout_shaping/aborted"] == 8 and m["rollout_shaping/tokens_aborted"] > 0
+    assert log[3]["rollout_shaping/warmup"] == 0
     assert log[3]["rollout_shaping/ema_prompts"] > log[1]["rollout_shaping/ema_prompts"] > 0
 
 
@@ -251,8 +261,10 @@ def test_darts_checkpoint_holds_the_ema_and_resume_restores_it(vllm_darts):
     assert len(ema) == vllm_darts["log1"][3]["rollout_shaping/ema_prompts"]
     assert all(v >= 0 and math.isfinite(v) for v in ema.values())
     assert f"restored the length-spread EMA of {len(ema)} prompts" in vllm_darts["second"]
+    assert vllm_darts["state"]["planned_prompts"] == 3 * 4
     log = vllm_darts["log2"]
     assert _trained(log) == [4] and log[4]["rollout_shaping/ema_prompts"] >= len(ema)  # steps 1-3: the checkpoint
+    assert log[4]["rollout_shaping/warmup"] == 0  # the warm-up's progress came back with the checkpoint
 
 
 # ---------------------------------------------------------------- version stamps, on the product's rollout

@@ -1,6 +1,7 @@
-"""DARTS in verl's agent-loop worker (recipe/darl/workers/darts_rollout.py): finishing order, the abort of a group's
-tail once n have finished, dual-end selection and the counts, on rows of known durations; and the server-side abort
-of a cancelled request. verl's own per-row agent loop and batch assembly are replaced by stand-ins that record what
+"""DARTS in verl's agent loop (recipe/darl/workers/darts_rollout.py). The worker: finishing order (the end of
+generation, not of the reward), the abort of a group's tail once n have finished, dual-end selection, the counts of
+responses and tokens and the generation time, on rows of known durations; the server-side abort of a cancelled
+request. The manager: r and L per group (warm-up, released L rule, a group split across workers), its counts. verl's own per-row agent loop and batch assembly are replaced by stand-ins that record what
 they are given; the end-to-end runs through Ray are in tests/vllm/test_pipelines.py (one-step-off)
 and tests/e2e/test_darts_pipeline.py (fully-async)."""
 
@@ -8,50 +9,96 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
+from omegaconf import OmegaConf
+from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-from recipe.darl.workers.darts_rollout import GROUP, DartsAgentLoopWorker, _AbortOnCancel, _Part, abort_in_engine
+from recipe.darl.workers.darts_rollout import (EXTRA, GROUP, KEEP_LAST, _ROW, DartsAgentLoopWorker,
+                                              DartsManagerMixin, _AbortOnCancel, _Part, abort_in_engine)
 
 
 @pytest.fixture
 def worker(monkeypatch):
+    """A DARTS worker whose rows generate for `delay` seconds (`tokens` response tokens) through a stand-in server
+    call that answers an abort with a partial response of `partial` tokens, then spend `reward_s` in verl's
+    postprocessing (where verl computes the reward)."""
+
     async def run_row(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
-        await asyncio.sleep(kwargs["delay"])
-        return SimpleNamespace(row=kwargs["row"], extra_fields={})
+        async def server_call():
+            try:
+                await asyncio.sleep(kwargs["delay"])
+            except asyncio.CancelledError:
+                return SimpleNamespace(token_ids=[0] * kwargs.get("partial", 0))
+            return SimpleNamespace(token_ids=[1] * kwargs["tokens"])
+
+        call = asyncio.ensure_future(server_call())
+        try:
+            response = await asyncio.shield(call)
+        except asyncio.CancelledError:  # as _generate_or_abort: the server call is handed to the worker
+            call.cancel()
+            _ROW.get()[0].aborted_calls[_ROW.get()[1]] = call
+            raise
+        output = SimpleNamespace(row=kwargs["row"], extra_fields={}, response_mask=[1] * len(response.token_ids))
+        return await self._agent_loop_postprocess(output, False, **kwargs)
+
+    async def postprocess(self, output, validate, **kwargs):
+        await asyncio.sleep(kwargs.get("reward_s", 0.0))
+        return output
 
     def assemble(self, inputs, input_non_tensor_batch=None, validate=False):
         return inputs, input_non_tensor_batch
 
     monkeypatch.setattr(AgentLoopWorker, "_run_agent_loop", run_row)
+    monkeypatch.setattr(AgentLoopWorker, "_agent_loop_postprocess", postprocess)
     monkeypatch.setattr(AgentLoopWorker, "_postprocess", assemble)
     return object.__new__(DartsAgentLoopWorker)
 
 
-async def _generate(worker, delays: list[float], n: int, keep_last: int):
-    worker._parts = {"g": _Part(n=n, r=len(delays), keep_last=keep_last)}
-    rows = [worker._run_agent_loop({}, {}, agent_name="single_turn_agent", **{GROUP: "g"}, delay=d, row=i)
-            for i, d in enumerate(delays)]
+async def _generate(worker, delays: list[float], n: int, keep_last: int, **row):
+    worker._parts = {"g": _Part(n=n, r=len(delays), keep_last=keep_last, submitted_at=time.time())}
+    rows = [worker._run_agent_loop({}, {}, agent_name="single_turn_agent", **{GROUP: "g"}, delay=d, row=i,
+                                   tokens=10 * (i + 1), **row) for i, d in enumerate(delays)]
     outputs = await asyncio.gather(*rows)
     non_tensor = {GROUP: np.array(["g"] * len(delays), dtype=object), "row": np.arange(len(delays))}
     return outputs, worker._postprocess(list(outputs), input_non_tensor_batch=non_tensor)
 
 
 def test_tail_aborted_once_n_finished(worker):
-    outputs, (kept, non_tensor) = asyncio.run(_generate(worker, [0.4, 0.05, 0.2, 5.0], n=2, keep_last=0))
+    t0 = time.time()
+    outputs, (kept, non_tensor) = asyncio.run(_generate(worker, [0.4, 0.05, 0.2, 5.0], n=2, keep_last=0, partial=7))
+    assert time.time() - t0 < 1.0  # the 5 s row did not run to its end
     assert [o is None for o in outputs] == [True, False, False, True]  # rows 0 and 3 were still running
     assert [o.row for o in kept] == [1, 2] and non_tensor["row"].tolist() == [1, 2]  # kept in row order
-    assert kept[0].extra_fields == {"darts_generated": 2.0, "darts_aborted": 1.0, "darts_dropped": 0.0}
+    fields = kept[0].extra_fields
+    assert {k: fields[k] for k in ("darts_generated", "darts_aborted", "darts_dropped")} == {
+        "darts_generated": 2.0, "darts_aborted": 1.0, "darts_dropped": 0.0}
+    # two aborted requests, each answered with its 7-token partial response; counts are per kept row (n = 2)
+    assert fields["darts_aborted_tokens"] == 7.0 and fields["darts_dropped_tokens"] == 0.0
+    # generation: from submission to the second finisher (0.2 s)
+    assert 0.18 < fields["darts_last_kept_at"] - fields["darts_submitted_at"] < 0.35
 
 
 def test_dual_end_waits_for_all_and_keeps_the_last(worker):
     outputs, (kept, non_tensor) = asyncio.run(_generate(worker, [0.3, 0.05, 0.2, 0.5], n=2, keep_last=1))
     assert all(o is not None for o in outputs)
     assert [o.row for o in kept] == [1, 3]  # first finisher and last finisher
-    assert kept[1].extra_fields == {"darts_generated": 2.0, "darts_aborted": 0.0, "darts_dropped": 1.0}
+    fields = kept[1].extra_fields
+    assert (fields["darts_generated"], fields["darts_aborted"], fields["darts_dropped"]) == (2.0, 0.0, 1.0)
+    # rows 0 and 2 finished and were dropped: 10 + 30 tokens, over n = 2 kept rows
+    assert fields["darts_dropped_tokens"] == 20.0 and fields["darts_aborted_tokens"] == 0.0
+
+
+def test_finish_is_the_end_of_generation_not_of_the_reward(worker):
+    # rows finish generating at 0.05 s and 0.1 s; the first then spends 0.3 s in postprocessing (its reward). The
+    # finishing order is the generation's, so with n = 1 row 0 is kept and row 1, still generating at 0.05 s, aborted
+    outputs, (kept, _) = asyncio.run(_generate(worker, [0.05, 0.1], n=1, keep_last=0, reward_s=0.3))
+    assert [o.row for o in kept] == [0] and outputs[1] is None
 
 
 def test_a_cancelled_request_is_aborted_in_its_servers_engine_and_through_abort_request():
@@ -115,3 +162,62 @@ def test_abort_in_engine_runs_vllms_abort_on_the_engines_loop():
 
 async def _make_task() -> asyncio.Task:
     return asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+
+
+def _manager(n: int = 4, **shaping) -> DartsManagerMixin:
+    manager = object.__new__(DartsManagerMixin)
+    manager.config = OmegaConf.create({
+        "rollout_shaping": {"enable": True, **shaping}, "data": {"train_batch_size": 3},
+        "actor_rollout_ref": {"rollout": {"n": n}, "actor": {"ppo_mini_batch_size": 3}}})
+    manager._init_darts()
+    return manager
+
+
+def _prompts(groups: int, n: int) -> DataProto:
+    rows = [[{"role": "user", "content": f"q{g}"}] for g in range(groups) for _ in range(n)]
+    return DataProto.from_dict(non_tensors={"raw_prompt": np.array(rows + [None], dtype=object)[:-1]})
+
+
+def test_plan_splits_a_groups_extras_and_tail_across_workers():
+    # 3 groups of n = 4 over 2 workers (6 rows each): group 1 is split 2 + 2; r = 8 and L = 2 split in proportion
+    manager = _manager(responses=8, keep_last=2)
+    prompts = _prompts(3, 4)
+    manager._plan(prompts, chunks=2, population=False)
+    extra, tail = prompts.non_tensor_batch[EXTRA].tolist(), prompts.non_tensor_batch[KEEP_LAST].tolist()
+    assert extra == [4, 0, 0, 0, 2, 0, 2, 0, 4, 0, 0, 0] and tail == [2, 0, 0, 0, 1, 0, 1, 0, 2, 0, 0, 0]
+    assert len(set(prompts.non_tensor_batch[GROUP].tolist())) == 3
+
+
+def test_plan_warms_up_then_sizes_prompts_by_their_spread():
+    manager = _manager(adaptive=True, warmup_steps=1)  # n = 4: r_i in [5, 8], mean 6; one step of 3 prompts
+    first = _prompts(3, 4)
+    keys = manager._plan(first, chunks=1, population=False)
+    assert first.non_tensor_batch[EXTRA].tolist()[::4] == [2, 2, 2] and first.non_tensor_batch[KEEP_LAST].sum() == 0
+    for key, spread in zip(keys, ([10, 10, 10, 10], [1, 50, 3, 90], [5, 6, 5, 6])):
+        manager.spread_ema.update(key, spread)
+    second = _prompts(3, 4)
+    manager._plan(second, chunks=1, population=False)
+    r = [4 + e for e in second.non_tensor_batch[EXTRA].tolist()[::4]]
+    assert sum(r) == 18 and r[1] == max(r) == 8 and min(r) >= 5  # the widest spread gets the most
+    assert second.non_tensor_batch[KEEP_LAST].tolist()[::4] == [(8 - x) // 2 for x in r]  # the released L rule
+    assert manager.darts_state()["planned_prompts"] == 6
+
+
+def test_observe_counts_tokens_and_times_generation():
+    manager = _manager(responses=6, keep_last=0)
+    prompts = _prompts(1, 4)
+    keys = manager._plan(prompts, chunks=1, population=False)
+    per_row = {"darts_generated": 1.5, "darts_aborted": 0.5, "darts_dropped": 0.0, "darts_dropped_tokens": 0.0,
+               "darts_aborted_tokens": 2.5, "darts_submitted_at": 100.0}
+    non_tensor = {k: np.full(4, v) for k, v in per_row.items()}
+    non_tensor["darts_last_kept_at"] = np.array([101.0, 103.5, 102.0, 101.0])
+    mask = torch.tensor([[1] * 3 + [0] * 5, [1] * 8, [1] * 5 + [0] * 3, [1] * 4 + [0] * 4])
+    output = DataProto.from_dict(tensors={"response_mask": mask}, non_tensors={**non_tensor, **{
+        k: prompts.non_tensor_batch[k] for k in (GROUP, EXTRA, KEEP_LAST)}})
+    manager._observe(output, keys)
+    assert set(output.non_tensor_batch) == set()  # every bookkeeping column removed
+    m = manager.pop_metrics()
+    assert m["rollout_shaping/generation_s"] == 3.5 and m["rollout_shaping/tokens_kept"] == 20
+    assert m["rollout_shaping/tokens_aborted"] == 10 and m["rollout_shaping/tokens_decoded"] == 30
+    assert m["rollout_shaping/generated"] == 6 and m["rollout_shaping/aborted"] == 2
+    assert manager.pop_metrics() == {}  # reset

@@ -3,7 +3,9 @@ order, and adaptive redundancy from an EMA of each prompt's response-length spre
 
 After the released code of PKU-DAIR/DARTS (Distribution-Aware Active Rollout Trajectory Shaping, ICML'26): r >= n
 responses are generated for a prompt and n kept, the n - L that finish first and the L that finish last; with
-L = 0 the group's remaining requests are aborted once n have finished, which cuts the group's long tail.
+L = 0 the group's remaining requests are aborted once n have finished, which cuts the group's long tail. The
+defaults are the released streaming trainer's: r_i in [floor(1.25 n), 2n] with mean 1.5 n, L_i = (2n - r_i) // 2, and
+for the first 10 steps r = 1.5 n with L = 0 while the EMA fills.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ class DartsConfig:
     enable: bool = False
     responses: Optional[int] = None  # r per prompt without adaptive; null: ceil(mean_ratio * n)
     adaptive: bool = False  # per-prompt r_i from the length-spread EMA, mean r_i = mean_ratio * n
-    mean_ratio: float = 1.25
-    min_responses: Optional[int] = None  # bound of r_i; null: n
+    mean_ratio: float = 1.5
+    min_responses: Optional[int] = None  # bound of r_i; null: floor(1.25 n)
     max_responses: Optional[int] = None  # bound of r_i; null: 2n
-    keep_last: int = 0  # L: responses kept from the end of the finishing order; 0 aborts the tail
+    keep_last: Optional[int] = None  # L: kept from the end of the finishing order; 0 aborts; null: (max - r) // 2
+    warmup_steps: int = 10  # adaptive: steps with r = mean_ratio * n and L = 0 before the EMA sizes prompts
     ema_alpha: float = 0.3
 
     @classmethod
@@ -49,8 +52,11 @@ class DartsConfig:
         if c.responses is not None and (not _is_int(c.responses) or c.responses < n):
             out.append(f"rollout_shaping.responses must be null or an integer >= actor_rollout_ref.rollout.n={n}, "
                        f"got {c.responses!r}")
-        if not _is_int(c.keep_last) or not 0 <= c.keep_last < n:
-            out.append(f"rollout_shaping.keep_last (L) must be an integer in [0, rollout.n={n}), got {c.keep_last!r}")
+        if c.keep_last is not None and (not _is_int(c.keep_last) or not 0 <= c.keep_last < n):
+            out.append(f"rollout_shaping.keep_last (L) must be null or an integer in [0, rollout.n={n}), "
+                       f"got {c.keep_last!r}")
+        if not _is_int(c.warmup_steps) or c.warmup_steps < 0:
+            out.append(f"rollout_shaping.warmup_steps must be an integer >= 0, got {c.warmup_steps!r}")
         if not _is_number(c.ema_alpha) or not 0 < c.ema_alpha <= 1:
             out.append(f"rollout_shaping.ema_alpha must be in (0, 1], got {c.ema_alpha!r}")
         if not _is_number(c.mean_ratio) or c.mean_ratio < 1:
@@ -73,10 +79,29 @@ class DartsConfig:
         return out
 
     def bounds(self, n: int) -> tuple[int, int]:
-        return (self.min_responses or n, self.max_responses or 2 * n)
+        return (self.min_responses or math.floor(1.25 * n), self.max_responses or 2 * n)
 
     def fixed_responses(self, n: int) -> int:
         return self.responses if self.responses is not None else math.ceil(self.mean_ratio * n - 1e-9)
+
+    def keep_last_for(self, r: int, n: int) -> int:
+        """L for a group of r responses keeping n: the configured L, else the released rule (max_responses - r) // 2
+        (so only groups at the upper bound abort their tail), at most n - 1."""
+        if self.keep_last is not None:
+            return self.keep_last
+        return max(0, min((self.bounds(n)[1] - r) // 2, n - 1))
+
+
+def split_counts(total: int, sizes: Sequence[int]) -> list[int]:
+    """`total` split over parts of the given sizes in proportion to them (largest remainder; ties: the first part),
+    so each part of a group split across agent-loop workers gets its share of the extra responses."""
+    whole = sum(sizes)
+    exact = [total * s / whole for s in sizes]
+    counts = [math.floor(e) for e in exact]
+    order = sorted(range(len(sizes)), key=lambda i: (counts[i] - exact[i], i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
 def normalise(spreads: Sequence[float]) -> list[float]:
@@ -120,7 +145,8 @@ def dual_end_keep(finish_order: Sequence[int], n: int, keep_last: int) -> list[i
 
 
 class LengthSpreadEma:
-    """Per-prompt EMA of the standard deviation of kept response lengths (tokens); state is a plain dict."""
+    """Per-prompt EMA of the sample standard deviation of kept response lengths (tokens); state is a plain dict,
+    ordered from the least to the most recently updated prompt."""
 
     def __init__(self, alpha: float, state: Optional[dict[str, float]] = None) -> None:
         self.alpha = alpha
@@ -129,10 +155,14 @@ class LengthSpreadEma:
     def update(self, key: str, lengths: Sequence[float]) -> float:
         """Folds one group's kept lengths into the prompt's EMA (the first observation is taken as is)."""
         m = sum(lengths) / len(lengths)
-        std = math.sqrt(sum((x - m) ** 2 for x in lengths) / len(lengths))
-        old = self.values.get(key)
+        std = math.sqrt(sum((x - m) ** 2 for x in lengths) / (len(lengths) - 1)) if len(lengths) > 1 else 0.0
+        old = self.values.pop(key, None)  # re-inserted: the dict's order is the order of the latest updates
         self.values[key] = std if old is None else self.alpha * std + (1 - self.alpha) * old
         return self.values[key]
+
+    def recent(self, count: int) -> list[str]:
+        """The `count` most recently updated prompts."""
+        return list(self.values)[-count:] if count > 0 else []
 
     def get(self, key: str) -> Optional[float]:
         return self.values.get(key)

@@ -1,22 +1,28 @@
 """DARTS in verl's agent loop (core/darts.py has the math; docs/darts.md the measurements).
 
 - `DartsManagerMixin` (driver side: the one-step-off trainer's manager, the fully-async rollouter's) plans each
-  group's responses r before generation (fixed, or adaptive from the length-spread EMA it owns and checkpoints),
-  and after it folds the kept lengths into the EMA, counts generated / aborted / dropped responses, and removes
-  its bookkeeping columns, so the trainer sees exactly n responses per prompt, in verl's order.
+  group's responses r and tail L before generation (fixed, or adaptive from the length-spread EMA it owns and
+  checkpoints, after a warm-up), and after it folds the kept lengths into the EMA, counts responses and tokens
+  (kept, finished but dropped, aborted), times generation, and removes its bookkeeping columns, so the trainer sees
+  exactly n responses per prompt, in verl's order.
 - `DartsAgentLoopWorker` (verl's `AgentLoopWorker`, one Ray actor per worker) runs the r requests of a group as
-  verl runs any row, records the order they finish in, aborts the rest once n have finished (L = 0: the request is
-  aborted in its server's engine, `abort_in_engine`), and keeps the n - L first and the L last.
+  verl runs any row, records the order their generation finishes in (before verl's postprocessing and reward),
+  aborts the rest once n have finished (L = 0: in its server's engine, `abort_in_engine`), and keeps the n - L
+  first and the L last.
 
-Rows are planned as extra copies of a group's rows (column `darts_extra`), so a group split across two workers by
-verl's chunking still works: each part selects among its own rows.
+Rows are planned as extra copies of a group's rows (columns `darts_extra`, `darts_keep_last`); a group that verl's
+chunking splits across workers gets its extras and L in proportion to each part's rows, and each part selects
+among its own rows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import json
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
@@ -28,11 +34,15 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopW
 from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncAgentLoopManager
 from verl.utils.ray_utils import auto_await
 
-from ..core.darts import DartsConfig, LengthSpreadEma, allocate, dual_end_keep
+from ..core.darts import DartsConfig, LengthSpreadEma, allocate, dual_end_keep, split_counts
 
-GROUP, EXTRA = "darts_group", "darts_extra"  # planning columns, removed before the trainer sees the batch
-COUNTS = ("darts_generated", "darts_aborted", "darts_dropped")  # per kept row: its part's totals / its rows
+# planning columns, removed before the trainer sees the batch
+GROUP, EXTRA, KEEP_LAST = "darts_group", "darts_extra", "darts_keep_last"
+# per kept row: its part's totals / its rows (responses; tokens decoded by finished-but-dropped and aborted requests)
+COUNTS = ("darts_generated", "darts_aborted", "darts_dropped", "darts_dropped_tokens", "darts_aborted_tokens")
+TIMES = ("darts_submitted_at", "darts_last_kept_at")  # per kept row: its part's times (seconds since the epoch)
 POPULATION = 1024  # fully-async plans one prompt at a time: against the EMA's most recent prompts
+_ROW: contextvars.ContextVar = contextvars.ContextVar("darts_row")  # (part, task) of the agent loop running
 
 
 def darts_config(config) -> DartsConfig:
@@ -57,9 +67,15 @@ class _Part:
     n: int
     r: int
     keep_last: int
+    submitted_at: float = 0.0
     running: set = field(default_factory=set)
-    finished: list = field(default_factory=list)  # id() of outputs, in finishing order
+    finished: list = field(default_factory=list)  # tasks, in the order their generation finished
+    finished_at: dict = field(default_factory=dict)  # task -> time its generation finished
+    tokens: dict = field(default_factory=dict)  # task -> response tokens it generated
+    outputs: dict = field(default_factory=dict)  # task -> id() of its output
     aborted: set = field(default_factory=set)
+    aborted_calls: dict = field(default_factory=dict)  # task -> its aborted server call (it returns the partial)
+    aborted_tokens: int = 0
 
 
 class DartsAgentLoopWorker(AgentLoopWorker):
@@ -67,7 +83,6 @@ class DartsAgentLoopWorker(AgentLoopWorker):
 
     def __init__(self, config, llm_client, *args, **kwargs):
         super().__init__(config, llm_client, *args, **kwargs)
-        self.keep_last = darts_config(config).keep_last
         self._parts: dict[str, _Part] = {}
         acquire = llm_client._acquire_server
 
@@ -80,11 +95,13 @@ class DartsAgentLoopWorker(AgentLoopWorker):
     async def generate_sequences(self, batch):
         if GROUP not in batch.non_tensor_batch or batch.meta_info.get("validate", False):
             return await super().generate_sequences(batch)
-        groups, extra = batch.non_tensor_batch[GROUP], batch.non_tensor_batch[EXTRA]
+        groups, extra, tail = (batch.non_tensor_batch[k] for k in (GROUP, EXTRA, KEEP_LAST))
         rows = [i for i in range(len(batch)) for _ in range(1 + int(extra[i]))]
+        now = time.time()
         for key in dict.fromkeys(groups):
             mine = [i for i in range(len(batch)) if groups[i] == key]
-            self._parts[key] = _Part(n=len(mine), r=sum(1 + int(extra[i]) for i in mine), keep_last=self.keep_last)
+            self._parts[key] = _Part(n=len(mine), r=sum(1 + int(extra[i]) for i in mine),
+                                     keep_last=sum(int(tail[i]) for i in mine), submitted_at=now)
         expanded = batch.select_idxs(np.array(rows))
         expanded.meta_info = dict(batch.meta_info)
         try:
@@ -96,28 +113,45 @@ class DartsAgentLoopWorker(AgentLoopWorker):
     async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
         key = kwargs.pop(GROUP, None)
         kwargs.pop(EXTRA, None)
+        kwargs.pop(KEEP_LAST, None)
         part = self._parts.get(key) if key is not None else None
         if part is None:
             return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
                                                  **kwargs)
         task = asyncio.current_task()
         part.running.add(task)
+        _ROW.set((part, task))
         try:
             output = await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
                                                    **kwargs)
         except asyncio.CancelledError:
             if task in part.aborted:  # ours: the group has its n
                 task.uncancel()
+                tokens = await _partial_tokens(part.aborted_calls.pop(task, None))  # awaited before the sum is read
+                part.aborted_tokens += tokens
                 return None
             raise
         finally:
             part.running.discard(task)
-        part.finished.append(id(output))
-        if part.keep_last == 0 and len(part.finished) == part.n:
-            for other in list(part.running):
-                part.aborted.add(other)
-                other.cancel()
+        part.outputs[task] = id(output)
         return output
+
+    async def _agent_loop_postprocess(self, output, validate, **kwargs):
+        """verl calls this once the agent loop's generation is done, before padding and reward: the response's
+        finish, as the released code's `output.finished`; once n have finished (L = 0) the rest are aborted."""
+        row = _ROW.get(None)
+        if row is not None:
+            part, task = row
+            part.running.discard(task)
+            part.finished.append(task)
+            part.finished_at[task] = time.time()
+            part.tokens[task] = int(sum(output.response_mask))
+            if part.keep_last == 0 and len(part.finished) == part.n:
+                for other in list(part.running):
+                    part.aborted.add(other)
+                    other.cancel()
+        return await super()._agent_loop_postprocess(output, validate, **kwargs)
+
 
     def _postprocess(self, inputs, input_non_tensor_batch=None, validate=False):
         if not input_non_tensor_batch or GROUP not in input_non_tensor_batch:
@@ -128,11 +162,17 @@ class DartsAgentLoopWorker(AgentLoopWorker):
             part = self._parts[key]
             rows = [i for i in range(len(inputs)) if groups[i] == key]
             rank = {id(inputs[i]): i for i in rows if inputs[i] is not None}
-            kept = sorted(rank[o] for o in dual_end_keep(part.finished, part.n, part.keep_last))
+            chosen = dual_end_keep(part.finished, part.n, part.keep_last)
+            dropped = set(part.finished) - set(chosen)
+            kept = sorted(rank[part.outputs[t]] for t in chosen)
             for i in kept:
                 inputs[i].extra_fields.update({
                     "darts_generated": part.r / part.n, "darts_aborted": len(part.aborted) / part.n,
-                    "darts_dropped": (len(part.finished) - part.n) / part.n})
+                    "darts_dropped": len(dropped) / part.n,
+                    "darts_dropped_tokens": sum(part.tokens[t] for t in dropped) / part.n,
+                    "darts_aborted_tokens": part.aborted_tokens / part.n,
+                    "darts_submitted_at": part.submitted_at,
+                    "darts_last_kept_at": max(part.finished_at[t] for t in chosen)})
             keep += kept
         return super()._postprocess([inputs[i] for i in keep],
                                     input_non_tensor_batch={k: v[keep] for k, v in input_non_tensor_batch.items()},
@@ -164,7 +204,22 @@ async def _generate_or_abort(handle, kwargs: dict):
     except asyncio.CancelledError:  # fire and forget: vLLM's engine abort, and the server's own abort_request
         handle.__ray_call__.remote(abort_in_engine, kwargs["request_id"])
         handle.abort_request.remote(kwargs["request_id"], reset_prefix_cache=False)
+        row = _ROW.get(None)
+        if row is not None:  # the row's worker counts the tokens of the partial response the server returns
+            row[0].aborted_calls[row[1]] = ref
         raise
+
+
+async def _partial_tokens(call, timeout_s: float = 30.0) -> int:
+    """Tokens of the partial response an aborted server call returns (0 if it returns nothing in time)."""
+    if call is None:
+        return 0
+    try:
+        out = await asyncio.wait_for(asyncio.wrap_future(call.future()) if hasattr(call, "future") else call,
+                                     timeout_s)
+        return len(out.token_ids)
+    except Exception:  # noqa: BLE001 - a server that answers nothing: its tokens are not counted
+        return 0
 
 
 def abort_in_engine(server, request_id: str, timeout_s: float = 10.0) -> bool:
@@ -192,61 +247,91 @@ class DartsManagerMixin:
         self.darts = darts_config(self.config)
         self.n = int(self.config.actor_rollout_ref.rollout.n)
         self.spread_ema = LengthSpreadEma(self.darts.ema_alpha)
-        self.counts = dict.fromkeys(("prompts", "kept", *COUNTS), 0.0)
+        self.counts = dict.fromkeys(("prompts", "kept", "kept_tokens", *COUNTS), 0.0)
         self.kept_lengths: list[float] = []
+        self.span: list[float] = []  # submission and last kept finish times since the last pop_metrics
+        self.planned_prompts = 0
+        # the warm-up counts trainer steps in prompts: a one-step-off step generates data.train_batch_size prompts, a
+        # fully-async step trains on require_batches mini-batches of ppo_mini_batch_size prompts
+        per_step = int(self.config.data.get("train_batch_size") or 0) or (
+            int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
+            * int(self.config.get("async_training", {}).get("require_batches", 1)))
+        self.warmup_prompts = self.darts.warmup_steps * per_step if self.darts.adaptive else 0
 
-    def _plan(self, prompts, population: bool):
-        """Adds GROUP and EXTRA to the rows of `prompts` (groups of n consecutive rows: verl's interleaved repeat)."""
-        if len(prompts) % self.n:
-            raise ValueError(f"rollout_shaping: {len(prompts)} rows are not groups of rollout.n={self.n}")
-        groups = len(prompts) // self.n
-        keys = [prompt_key(prompts.non_tensor_batch, g * self.n) for g in range(groups)]
-        if self.darts.adaptive:
-            low, high = self.darts.bounds(self.n)
-            others = [k for k in list(self.spread_ema.values)[-POPULATION:] if k not in keys] if population else []
-            spreads = [self.spread_ema.get(k) for k in others + keys]
-            responses = allocate(spreads, self.n, self.darts.mean_ratio, low, high)[len(others):]
+    def _plan(self, prompts, chunks: int, population: bool) -> list[str]:
+        """Adds GROUP, EXTRA and KEEP_LAST to the rows of `prompts` (groups of n consecutive rows: verl's interleaved
+        repeat), which verl then splits into `chunks` equal parts, one per agent-loop worker."""
+        n = self.n
+        if len(prompts) % n:
+            raise ValueError(f"rollout_shaping: {len(prompts)} rows are not groups of rollout.n={n}")
+        groups = len(prompts) // n
+        keys = [prompt_key(prompts.non_tensor_batch, g * n) for g in range(groups)]
+        if self.planned_prompts < self.warmup_prompts:  # the released warm-up: r = mean_ratio * n, every tail cut
+            responses, tails = [math.ceil(self.darts.mean_ratio * n - 1e-9)] * groups, [0] * groups
         else:
-            responses = [self.darts.fixed_responses(self.n)] * groups
+            if self.darts.adaptive:
+                low, high = self.darts.bounds(n)
+                others = [k for k in self.spread_ema.recent(POPULATION) if k not in keys] if population else []
+                spreads = [self.spread_ema.get(k) for k in others + keys]
+                responses = allocate(spreads, n, self.darts.mean_ratio, low, high)[len(others):]
+            else:
+                responses = [self.darts.fixed_responses(n)] * groups
+            tails = [self.darts.keep_last_for(r, n) for r in responses]
+        self.planned_prompts += groups
+        size = len(prompts) // chunks if len(prompts) % chunks == 0 else len(prompts)
+        extra, tail = np.zeros(len(prompts), dtype=np.int64), np.zeros(len(prompts), dtype=np.int64)
+        for g, (r, keep_last) in enumerate(zip(responses, tails)):
+            cuts = sorted({g * n, (g + 1) * n} | {c for c in range(0, len(prompts), size) if g * n < c < (g + 1) * n})
+            sizes = [b - a for a, b in zip(cuts, cuts[1:])]
+            for a, e, k in zip(cuts, split_counts(r - n, sizes), split_counts(keep_last, sizes)):
+                extra[a], tail[a] = e, k  # on the part's first row: the worker sums over the part's rows
         tag = uuid4().hex[:8]
-        extra = np.zeros(len(prompts), dtype=np.int64)
-        for g, r in enumerate(responses):
-            share, rest = divmod(r - self.n, self.n)
-            extra[g * self.n:(g + 1) * self.n] = [share + (j < rest) for j in range(self.n)]
-        prompts.non_tensor_batch[GROUP] = np.array([f"{tag}:{i // self.n}" for i in range(len(prompts))], dtype=object)
-        prompts.non_tensor_batch[EXTRA] = extra
+        prompts.non_tensor_batch[GROUP] = np.array([f"{tag}:{i // n}" for i in range(len(prompts))], dtype=object)
+        prompts.non_tensor_batch[EXTRA], prompts.non_tensor_batch[KEEP_LAST] = extra, tail
         return keys
 
     def _observe(self, output, keys: list[str]) -> None:
-        """Folds the kept lengths into the EMA, counts, and drops the planning and count columns."""
+        """Folds the kept lengths into the EMA, counts, times, and drops the planning and count columns."""
         lengths = output.batch["response_mask"].sum(-1).tolist()
         self.kept_lengths += lengths
         for g, key in enumerate(keys):
             self.spread_ema.update(key, lengths[g * self.n:(g + 1) * self.n])
         self.counts["prompts"] += len(keys)
         self.counts["kept"] += len(output)
+        self.counts["kept_tokens"] += float(sum(lengths))
         for name in COUNTS:
             self.counts[name] += float(np.sum(output.non_tensor_batch.pop(name).astype(np.float64)))
-        for name in (GROUP, EXTRA):
+        submitted, last = (output.non_tensor_batch.pop(name).astype(np.float64) for name in TIMES)
+        self.span = [min(self.span[:1] + [submitted.min()]), max(self.span[1:] + [last.max()])]
+        for name in (GROUP, EXTRA, KEEP_LAST):
             output.non_tensor_batch.pop(name, None)
 
     def pop_metrics(self) -> dict[str, float]:
-        """`rollout_shaping/` metrics since the last call (responses generated, aborted, finished but dropped)."""
+        """`rollout_shaping/` metrics since the last call: responses generated, aborted, finished but dropped; tokens
+        kept, dropped and aborted; generation time, from the first submission to the last kept response's finish."""
         c, self.counts = self.counts, dict.fromkeys(self.counts, 0.0)
         lengths, self.kept_lengths = self.kept_lengths, []
+        span, self.span = self.span, []
         if not c["prompts"]:
             return {}
         p50, p95 = np.percentile(lengths, [50, 95]).tolist()
-        return {"rollout_shaping/kept_length_p50": p50, "rollout_shaping/kept_length_p95": p95,"rollout_shaping/generated": c["darts_generated"], "rollout_shaping/aborted": c["darts_aborted"],
+        tokens = {"kept": c["kept_tokens"], "dropped": c["darts_dropped_tokens"], "aborted": c["darts_aborted_tokens"]}
+        return {"rollout_shaping/generation_s": span[1] - span[0],
+                **{f"rollout_shaping/tokens_{k}": v for k, v in tokens.items()},
+                "rollout_shaping/tokens_decoded": sum(tokens.values()),
+                "rollout_shaping/kept_length_p50": p50, "rollout_shaping/kept_length_p95": p95,
+                "rollout_shaping/generated": c["darts_generated"], "rollout_shaping/aborted": c["darts_aborted"],
                 "rollout_shaping/dropped": c["darts_dropped"], "rollout_shaping/kept": c["kept"],
                 "rollout_shaping/responses_per_prompt": c["darts_generated"] / c["prompts"],
+                "rollout_shaping/warmup": float(self.planned_prompts <= self.warmup_prompts),
                 "rollout_shaping/ema_prompts": float(len(self.spread_ema.values))}
 
     def darts_state(self) -> dict[str, Any]:
-        return {"ema": self.spread_ema.state_dict()}
+        return {"ema": self.spread_ema.state_dict(), "planned_prompts": self.planned_prompts}
 
     def load_darts_state(self, state: dict[str, Any]) -> None:
         self.spread_ema = LengthSpreadEma(self.darts.ema_alpha, state["ema"])
+        self.planned_prompts = int(state.get("planned_prompts", 0))
 
 
 class DartsAgentLoopManager(DartsManagerMixin, AgentLoopManager):
@@ -260,7 +345,7 @@ class DartsAgentLoopManager(DartsManagerMixin, AgentLoopManager):
     async def generate_sequences(self, prompts):
         if prompts.meta_info.get("validate", False):
             return await super().generate_sequences(prompts)
-        keys = self._plan(prompts, population=False)
+        keys = self._plan(prompts, chunks=len(self.agent_loop_workers), population=False)
         output = await super().generate_sequences(prompts)
         self._observe(output, keys)
         return output
@@ -270,7 +355,7 @@ class DartsFullyAsyncAgentLoopManager(DartsManagerMixin, FullyAsyncAgentLoopMana
     """The fully-async rollouter's manager: one prompt per call, planned against the EMA's recent prompts."""
 
     async def generate_sequences_single(self, prompts):
-        keys = self._plan(prompts, population=True)
+        keys = self._plan(prompts, chunks=1, population=True)
         output = await super().generate_sequences_single(prompts)
         self._observe(output, keys)
         return output
