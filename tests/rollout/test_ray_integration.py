@@ -33,7 +33,7 @@ def _plugin_env(tmp_path) -> dict[str, str]:
 
 
 def test_standalone_rollout_and_weight_sync_through_verl(run_script, tiny_model_path, tmp_path):
-    out = run_script(HERE / "ray_sync_check.py", tiny_model_path, timeout=420, **_plugin_env(tmp_path))
+    out = run_script(HERE / "ray_sync_check.py", tiny_model_path, timeout=900, **_plugin_env(tmp_path))
 
     # wiring: verl found the replica, the adapter and the checkpoint engine by their names
     assert out["replica_class"] == "HFReplica"

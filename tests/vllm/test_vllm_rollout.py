@@ -86,7 +86,7 @@ def test_one_request_aborted_by_its_id_stops_decoding_on_the_server(check):
     found = check["one_abort"]
     assert found["verl_result"]["aborted"] is False and "not found" in found["verl_result"]["error"]
     assert len(found["live_ids"]) == 1 and found["live_ids"][0].startswith("tail-")  # the randomised internal id
-    assert found["decoded_after_verl_abort"] > 20, found  # still decoding half a second after verl's abort
+    assert found["decoded_after_verl_abort"] >= 30, found  # still decoding after verl's abort
     assert "returned_error" not in found, found
     assert found["stop_reason"] == "aborted" and found["returned_tokens"] < 4000
     assert found["returned_tokens"] - found["tokens_at_abort"] <= 4, found  # no decoding after the abort

@@ -200,8 +200,11 @@ def main(model_path: str) -> None:
         await asyncio.sleep(0.5)
         found = {"verl_result": await server.abort_request.remote("tail", reset_prefix_cache=False)}
         before = await server.__ray_call__.remote(_live_tokens)
-        await asyncio.sleep(0.5)
-        after = await server.__ray_call__.remote(_live_tokens)
+        for _ in range(50):  # up to 10 s for 30 more tokens: a loaded machine decodes slowly
+            await asyncio.sleep(0.2)
+            after = await server.__ray_call__.remote(_live_tokens)
+            if sum(after.values()) - sum(before.values()) >= 30:
+                break
         found["live_ids"], found["decoded_after_verl_abort"] = list(before), sum(after.values()) - sum(before.values())
         found["tokens_at_abort"] = await server.__ray_call__.remote(_abort_counting, "tail")
         t = time.time()

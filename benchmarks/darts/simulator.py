@@ -1,0 +1,218 @@
+"""A continuous-batching rollout engine in a few lines, to answer "when does cutting the tail pay?" (docs/darts.md).
+
+    python benchmarks/darts/simulator.py --validate docs/evidence/darts/rollout_cpu.json
+    python benchmarks/darts/simulator.py --predict docs/evidence/darts/gpu/decode_cost_h100.json
+
+The engine: every request of a step is submitted at once and admitted first come, first served while fewer than
+`max_num_seqs` run and the KV cache has room; each decode step emits one token for every running sequence and costs
+`fixed + per_seq * b + per_ctx * (context tokens of the b running sequences)` milliseconds, and admitting requests
+costs `prefill_per_token` per prompt token; when the cache is full the most recently admitted sequence is preempted
+and recomputed later (vLLM's default). DARTS: a group of r requests keeps n; with L = 0 the rest are aborted once n
+have finished, with L > 0 the group waits for all r. A step's generation time ends with its last kept response.
+
+Which requests finish when depends only on the lengths, not on the constants, so a step's time is linear in them:
+`--validate` fits them to the benchmark's base runs (benchmarks/darts/rollout_bench.py) and predicts every other
+setting's time; `--predict` takes a GPU's measured costs (benchmarks/darts/decode_cost.py) and predicts Qwen3-1.7B
+and 4B on GSM8K-like, MATH-like and long-reasoning lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from recipe.darl.core.darts import allocate  # noqa: E402
+
+N = 8
+
+
+@dataclass
+class Engine:
+    fixed_ms: float = 0.0
+    per_seq_ms: float = 0.0
+    per_ctx_ms: float = 0.0
+    prefill_per_token_ms: float = 0.0
+    max_num_seqs: int = 1024
+    kv_tokens: float = math.inf
+
+
+def simulate(lengths: list[list[int]], r: list[int], keep_last: list[int], n: int, engine: Engine,
+             prompt_len: int = 0) -> dict:
+    """One rollout step: group g sends r[g] requests of lengths[g][:r[g]] tokens and keeps n of them.
+
+    Returns the generation time (ms) and its four features (decode steps, sum over steps of running sequences, of
+    their context tokens, tokens prefilled), tokens decoded and kept, and preemptions. A preempted request keeps its
+    tokens and re-prefills prompt and tokens when readmitted (vLLM's recompute)."""
+    groups = len(r)
+    req_group = np.repeat(np.arange(groups), r)
+    req_len = np.concatenate([np.asarray(lengths[g][: r[g]]) for g in range(groups)]).astype(np.int64)
+    gen = np.zeros(len(req_len), dtype=np.int64)  # tokens generated so far (kept across a preemption)
+    waiting = list(range(len(req_len)))[::-1]  # pop() from the end: first come, first served
+    running = np.zeros(0, dtype=np.int64)  # request ids, in admission order
+    finished: list[list[int]] = [[] for _ in range(groups)]  # finishing order per group
+    done = np.zeros(groups, dtype=bool)
+    f = {"steps": 0.0, "seq_steps": 0.0, "ctx_steps": 0.0, "prefill": 0.0}
+    decoded = preempted = 0
+    just_preempted = False
+    while not done.all():
+        kv = float((prompt_len + gen[running]).sum())
+        admitted = []
+        while waiting and not just_preempted and len(running) + len(admitted) < engine.max_num_seqs:
+            need = prompt_len + gen[waiting[-1]] + 1
+            if kv + need > engine.kv_tokens:
+                break
+            req = waiting.pop()
+            admitted.append(req)
+            kv += need - 1
+            f["prefill"] += need - 1
+        running = np.concatenate([running, np.asarray(admitted, dtype=np.int64)])
+        if not len(running):
+            raise RuntimeError("a request does not fit in the KV cache")
+        b = len(running)
+        left = int((req_len[running] - gen[running]).min())
+        room = int((engine.kv_tokens - kv) // b) if engine.kv_tokens < math.inf else left
+        if room < 1:  # preempt the most recent admission; it waits at the front of the queue
+            waiting.append(int(running[-1]))
+            running = running[:-1]
+            preempted += 1
+            just_preempted = True  # as vLLM's scheduler: nothing is admitted in a step that preempts
+            continue
+        just_preempted = False
+        k = min(left, room)
+        f["steps"] += k
+        f["seq_steps"] += b * k
+        f["ctx_steps"] += k * kv + b * k * (k + 1) / 2
+        decoded += b * k
+        gen[running] += k
+        ends = gen[running] >= req_len[running]
+        for req in running[ends]:
+            finished[req_group[req]].append(int(req))
+        ended_groups = set(req_group[running[ends]].tolist())
+        running = running[~ends]
+        for g in ended_groups:
+            if done[g] or len(finished[g]) < n:
+                continue
+            if keep_last[g] == 0 or len(finished[g]) == r[g]:
+                done[g] = True
+                if keep_last[g] == 0:  # abort the rest of the group
+                    running = running[req_group[running] != g]
+                    waiting = [q for q in waiting if req_group[q] != g]
+    kept = 0
+    for g in range(groups):
+        order = finished[g]
+        chosen = order[: n - keep_last[g]] + (order[len(order) - keep_last[g]:] if keep_last[g] else [])
+        kept += int(req_len[chosen].sum())
+    ms = (engine.fixed_ms * f["steps"] + engine.per_seq_ms * f["seq_steps"] + engine.per_ctx_ms * f["ctx_steps"]
+          + engine.prefill_per_token_ms * f["prefill"])
+    return {"ms": ms, "features": f, "decoded": decoded, "kept": kept, "preempted": preempted}
+
+
+# ------------------------------------------------------------------------------------------------ CPU validation
+
+
+def validate(bench: dict) -> str:
+    """Fits the step constants to the base runs and predicts every run; a markdown table of measured and predicted."""
+    runs = bench["runs"]
+    sims = [simulate(run["lengths"], run["r"], run["L"], bench["n"], Engine()) for run in runs]
+    names = ["steps", "seq_steps", "ctx_steps"]
+    base = [i for i, run in enumerate(runs) if run["setting"] == "base"]
+    x = np.array([[sims[i]["features"][k] for k in names] for i in base])
+    y = np.array([1e3 * runs[i]["generation_s"] for i in base])
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    engine = Engine(*coef.tolist())
+    cells: dict = {}
+    for run, sim in zip(runs, sims):
+        predicted = sum(c * sim["features"][k] for c, k in zip(coef, names)) / 1e3
+        cells.setdefault((run["dist"], run["setting"]), []).append((run["generation_s"], predicted, sim, run))
+    lines = [f"fitted on the base runs: fixed {engine.fixed_ms:.3f} ms, per sequence {engine.per_seq_ms:.4f} ms, "
+             f"per context token {engine.per_ctx_ms:.2e} ms per decode step", "",
+             "| lengths | setting | measured s | predicted s | error | tokens decoded (measured / simulated) |",
+             "|---|---|---|---|---|---|"]
+    worst = 0.0
+    for (dist, name), rows in cells.items():
+        measured = statistics.median(m for m, _, _, _ in rows)
+        predicted = statistics.median(p for _, p, _, _ in rows)
+        error = predicted / measured - 1
+        worst = max(worst, abs(error))
+        tokens = (statistics.median(r["tokens_decoded"] for *_, r in rows), statistics.median(s["decoded"] for _, _, s, _ in rows))
+        lines.append(f"| {dist} | {name} | {measured:.2f} | {predicted:.2f} | {100 * error:+.0f}% | "
+                     f"{tokens[0]:.0f} / {tokens[1]:.0f} |")
+    lines.append(f"\nlargest error of a cell's median: {100 * worst:.0f}%")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ GPU predictions
+
+# response lengths (tokens): per prompt a log-normal scale around `median` (sigma_prompt), per response a log-normal
+# draw around it (sigma), capped at `cap` (the launch scripts' max_response_length)
+WORKLOADS = {
+    "GSM8K-like": dict(median=250, sigma=0.5, sigma_prompt=0.4, cap=1024, prompt=200),
+    "MATH-like": dict(median=700, sigma=0.7, sigma_prompt=0.6, cap=4096, prompt=250),
+    "long reasoning": dict(median=3000, sigma=0.8, sigma_prompt=0.6, cap=16384, prompt=300),
+}
+# (parameters in billions, KV bytes per token) of Qwen3-1.7B and 4B in bf16: 2 x layers x kv heads x head dim x 2 bytes
+MODELS = {"1.7b": (2.03, 2 * 28 * 8 * 128 * 2), "4b": (4.02, 2 * 36 * 8 * 128 * 2)}
+SETTINGS = {"base": (False, 8, 0), "fixed r=12, L=0": (False, 12, 0), "fixed r=12, L=1": (False, 12, 1),
+            "adaptive, L=0": (True, 12, 0), "released (adaptive, L=(16-r)//2)": (True, 12, None)}
+
+
+def gpu_engine(cost: dict, model: str, gpu_gib: float, utilization: float = 0.85) -> Engine:
+    """The measured decode-step fit of `model` with vLLM's KV cache: utilization x memory - weights - 4 GiB."""
+    params, kv_bytes = MODELS[model]
+    fit = cost["models"][model]["fit"]
+    free = (utilization * gpu_gib - 2 * params - 4) * 2**30
+    return Engine(fit["fixed_ms"], fit["per_seq_ms"], fit["per_ctx_token_ms"],
+                  cost["models"][model]["prefill_ms_per_token"], max_num_seqs=1024, kv_tokens=free / kv_bytes)
+
+
+def draw(workload: dict, prompts: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    scale = workload["median"] * np.exp(rng.normal(0, workload["sigma_prompt"], prompts))
+    lengths = scale[:, None] * np.exp(rng.normal(0, workload["sigma"], (prompts, 2 * N)))
+    return np.clip(np.rint(lengths), 1, workload["cap"]).astype(int), scale
+
+
+def predict(cost: dict, prompts: int = 128, steps: int = 5, gpu_gib: float = 80.0) -> str:
+    lines = [f"{prompts} prompts x n = {N} per step, vLLM's max_num_seqs 1024, KV cache 0.85 x {gpu_gib:.0f} GiB less "
+             "weights and 4 GiB; medians over " f"{steps} steps", "",
+             "| model | lengths | base s | " + " | ".join(SETTINGS) + " |", "|---|---|---|" + "---|" * len(SETTINGS)]
+    for model in MODELS:
+        engine = gpu_engine(cost, model, gpu_gib)
+        for wname, workload in WORKLOADS.items():
+            rng = np.random.default_rng(0)
+            times: dict[str, list[float]] = {s: [] for s in SETTINGS}
+            for _ in range(steps):
+                lengths, _ = draw(workload, prompts, rng)
+                spread = lengths[:, :N].std(1, ddof=1)  # the EMA's view: a previous step's kept lengths
+                for sname, (adaptive, r, keep_last) in SETTINGS.items():
+                    rs = allocate(spread.tolist(), N, 1.5, 10, 16) if adaptive else [r] * prompts
+                    ls = [(16 - x) // 2 if keep_last is None else keep_last for x in rs]
+                    times[sname].append(simulate(lengths.tolist(), rs, ls, N, engine, workload["prompt"])["ms"] / 1e3)
+            base = statistics.median(times["base"])
+            cells = [f"{base / statistics.median(t):.2f}x" for t in times.values()]
+            lines.append(f"| Qwen3-{model.upper()} | {wname} | {base:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--validate", type=Path, help="rollout_bench.py's JSON")
+    ap.add_argument("--predict", type=Path, help="decode_cost.py's JSON (a GPU)")
+    ap.add_argument("--prompts", type=int, default=128)
+    ap.add_argument("--gpu-gib", type=float, default=80.0)
+    args = ap.parse_args()
+    if args.validate:
+        print(validate(json.loads(args.validate.read_text())))
+    if args.predict:
+        print(predict(json.loads(args.predict.read_text()), args.prompts, gpu_gib=args.gpu_gib))
+
+
+if __name__ == "__main__":
+    main()
