@@ -1,7 +1,7 @@
 """DARTS (rollout_shaping.*) end to end on CPU through Ray with the fully-async trainer, the test suite's rollout
 backend, D-ARL preset on: fixed redundancy and L = 1 (every request finishes, the middle ones are dropped). The
 one-step-off trainer with adaptive redundancy and L = 0, its checkpointed length-spread EMA and a resume:
-tests/vllm/test_pipelines.py."""
+tests/vllm/test_pipeline_one_step_off.py."""
 
 from __future__ import annotations
 

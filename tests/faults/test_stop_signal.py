@@ -40,7 +40,7 @@ def test_usr1_saves_at_the_next_step_boundary_and_the_resumed_job_loses_no_step(
     assert stopped.folders == [stopped.tracker]
     assert last < STEPS // 2, "the job did not end early"
     if trainer == "fully_async":
-        return  # the fully-async resume from a checkpoint with its queue: tests/vllm/test_pipelines.py resumes the same files
+        return  # the fully-async resume from a checkpoint with its queue: tests/vllm/test_pipeline_fully_async.py resumes the same files
     resumed = launch(script, tmp_path, inputs, "resumed", env=dict(env, STEPS=str(last + 1)), timeout=600)
     assert resumed.rc == 0, resumed.text[-3000:]
     assert resumed.resumed_from() == last and resumed.restored()["steps_done"] == last

@@ -2,7 +2,7 @@
 the checks of the fully-async keys, and the shared replay step on `FullyAsyncTrainer`'s hooks (versions
 are parameter versions, the budget is ppo_mini_batch_size * require_batches, the buffer survives
 verl's own `load_checkpoint`), and the actor classes as Ray ships them. The whole pipeline runs in
-tests/vllm/test_pipelines.py."""
+tests/vllm/test_pipeline_fully_async.py."""
 
 from __future__ import annotations
 
