@@ -110,10 +110,11 @@ def test_darts_aborts_each_groups_tail_on_the_vllm_server(vllm_one_step_off):
         tokens = [m[f"rollout_shaping/tokens_{k}"] for k in ("kept", "dropped", "aborted")]
         assert m["rollout_shaping/tokens_decoded"] == sum(tokens) and tokens[0] > 0
         assert 0 < m["rollout_shaping/generation_s"] < m["timing_s/step"] + 60
-    for step in WARMUP:  # the warm-up: r = 6, L = 0: every tail aborted, each returned its partial response
+    for step in WARMUP:  # the warm-up: r = 6, L = 0: every tail aborted (a request aborted before the server started
+        # it decoded nothing: the tokens of partial responses are counted, tests/workers/test_darts_worker.py)
         m = log[step]
         assert m["rollout_shaping/warmup"] == 1 and m["rollout_shaping/dropped"] == 0
-        assert m["rollout_shaping/aborted"] == 8 and m["rollout_shaping/tokens_aborted"] > 0
+        assert m["rollout_shaping/aborted"] == 8 and m["rollout_shaping/tokens_dropped"] == 0
     assert [log[s]["rollout_shaping/warmup"] for s in (3, 4)] == [0, 0]
     assert log[4]["rollout_shaping/ema_prompts"] > log[1]["rollout_shaping/ema_prompts"] > 0
 

@@ -201,6 +201,15 @@ def test_plan_warms_up_then_sizes_prompts_by_their_spread():
     assert sum(r) == 18 and r[1] == max(r) == 8 and min(r) >= 5  # the widest spread gets the most
     assert second.non_tensor_batch[KEEP_LAST].tolist()[::4] == [(8 - x) // 2 for x in r]  # the released L rule
     assert manager.darts_state()["planned_prompts"] == 6
+    # the warm-up is reported with the batch it planned, though the next batch is planned before it is observed
+    for prompts, keys_of in ((first, keys), (second, keys)):
+        mask = torch.ones(12, 4, dtype=torch.long)
+        columns = {k: np.zeros(12) for k in ("darts_generated", "darts_aborted", "darts_dropped",
+                                                "darts_dropped_tokens", "darts_aborted_tokens", "darts_submitted_at",
+                                                "darts_last_kept_at")}
+        columns[GROUP] = prompts.non_tensor_batch[GROUP]
+        manager._observe(DataProto.from_dict(tensors={"response_mask": mask}, non_tensors=columns), keys_of)
+        assert manager.pop_metrics()["rollout_shaping/warmup"] == (1.0 if prompts is first else 0.0)
 
 
 def test_observe_counts_tokens_and_times_generation():

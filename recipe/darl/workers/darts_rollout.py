@@ -247,10 +247,11 @@ class DartsManagerMixin:
         self.darts = darts_config(self.config)
         self.n = int(self.config.actor_rollout_ref.rollout.n)
         self.spread_ema = LengthSpreadEma(self.darts.ema_alpha)
-        self.counts = dict.fromkeys(("prompts", "kept", "kept_tokens", *COUNTS), 0.0)
+        self.counts = dict.fromkeys(("prompts", "warmup_prompts", "kept", "kept_tokens", *COUNTS), 0.0)
         self.kept_lengths: list[float] = []
         self.span: list[float] = []  # submission and last kept finish times since the last pop_metrics
         self.planned_prompts = 0
+        self.warm_plans: dict[str, bool] = {}  # plan tag -> planned in the warm-up (one-step-off plans a step ahead)
         # the warm-up counts trainer steps in prompts: a one-step-off step generates data.train_batch_size prompts, a
         # fully-async step trains on require_batches mini-batches of ppo_mini_batch_size prompts
         per_step = int(self.config.data.get("train_batch_size") or 0) or (
@@ -266,7 +267,8 @@ class DartsManagerMixin:
             raise ValueError(f"rollout_shaping: {len(prompts)} rows are not groups of rollout.n={n}")
         groups = len(prompts) // n
         keys = [prompt_key(prompts.non_tensor_batch, g * n) for g in range(groups)]
-        if self.planned_prompts < self.warmup_prompts:  # the released warm-up: r = mean_ratio * n, every tail cut
+        warm = self.planned_prompts < self.warmup_prompts
+        if warm:  # the released warm-up: r = mean_ratio * n, every tail cut
             responses, tails = [math.ceil(self.darts.mean_ratio * n - 1e-9)] * groups, [0] * groups
         else:
             if self.darts.adaptive:
@@ -286,6 +288,7 @@ class DartsManagerMixin:
             for a, e, k in zip(cuts, split_counts(r - n, sizes), split_counts(keep_last, sizes)):
                 extra[a], tail[a] = e, k  # on the part's first row: the worker sums over the part's rows
         tag = uuid4().hex[:8]
+        self.warm_plans[tag] = warm
         prompts.non_tensor_batch[GROUP] = np.array([f"{tag}:{i // n}" for i in range(len(prompts))], dtype=object)
         prompts.non_tensor_batch[EXTRA], prompts.non_tensor_batch[KEEP_LAST] = extra, tail
         return keys
@@ -297,6 +300,9 @@ class DartsManagerMixin:
         for g, key in enumerate(keys):
             self.spread_ema.update(key, lengths[g * self.n:(g + 1) * self.n])
         self.counts["prompts"] += len(keys)
+        tags = {str(g).split(":")[0] for g in output.non_tensor_batch[GROUP]}
+        if any([self.warm_plans.pop(t, False) for t in tags]):
+            self.counts["warmup_prompts"] += len(keys)
         self.counts["kept"] += len(output)
         self.counts["kept_tokens"] += float(sum(lengths))
         for name in COUNTS:
@@ -323,7 +329,7 @@ class DartsManagerMixin:
                 "rollout_shaping/generated": c["darts_generated"], "rollout_shaping/aborted": c["darts_aborted"],
                 "rollout_shaping/dropped": c["darts_dropped"], "rollout_shaping/kept": c["kept"],
                 "rollout_shaping/responses_per_prompt": c["darts_generated"] / c["prompts"],
-                "rollout_shaping/warmup": float(self.planned_prompts <= self.warmup_prompts),
+                "rollout_shaping/warmup": c["warmup_prompts"] / c["prompts"],
                 "rollout_shaping/ema_prompts": float(len(self.spread_ema.values))}
 
     def darts_state(self) -> dict[str, Any]:
