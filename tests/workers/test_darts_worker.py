@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-from recipe.darl.workers.darts_rollout import (EXTRA, GROUP, KEEP_LAST, _ROW, DartsAgentLoopWorker,
+from recipe.darl.workers.darts_rollout import (COUNTS, EXTRA, GROUP, KEEP_LAST, TIMES, _ROW, DartsAgentLoopWorker,
                                               DartsManagerMixin, _AbortOnCancel, _Part, abort_in_engine)
 
 
@@ -182,7 +182,7 @@ def test_plan_splits_a_groups_extras_and_tail_across_workers():
     # 3 groups of n = 4 over 2 workers (6 rows each): group 1 is split 2 + 2; r = 8 and L = 2 split in proportion
     manager = _manager(responses=8, keep_last=2)
     prompts = _prompts(3, 4)
-    manager._plan(prompts, chunks=2, population=False)
+    assert manager._plan(prompts, chunks=2, population=False)[1] is False
     extra, tail = prompts.non_tensor_batch[EXTRA].tolist(), prompts.non_tensor_batch[KEEP_LAST].tolist()
     assert extra == [4, 0, 0, 0, 2, 0, 2, 0, 4, 0, 0, 0] and tail == [2, 0, 0, 0, 1, 0, 1, 0, 2, 0, 0, 0]
     assert len(set(prompts.non_tensor_batch[GROUP].tolist())) == 3
@@ -191,31 +191,29 @@ def test_plan_splits_a_groups_extras_and_tail_across_workers():
 def test_plan_warms_up_then_sizes_prompts_by_their_spread():
     manager = _manager(adaptive=True, warmup_steps=1)  # n = 4: r_i in [5, 8], mean 6; one step of 3 prompts
     first = _prompts(3, 4)
-    keys = manager._plan(first, chunks=1, population=False)
+    keys, warm = manager._plan(first, chunks=1, population=False)
+    assert warm
     assert first.non_tensor_batch[EXTRA].tolist()[::4] == [2, 2, 2] and first.non_tensor_batch[KEEP_LAST].sum() == 0
     for key, spread in zip(keys, ([10, 10, 10, 10], [1, 50, 3, 90], [5, 6, 5, 6])):
         manager.spread_ema.update(key, spread)
     second = _prompts(3, 4)
-    manager._plan(second, chunks=1, population=False)
+    assert manager._plan(second, chunks=1, population=False) == (keys, False)
     r = [4 + e for e in second.non_tensor_batch[EXTRA].tolist()[::4]]
     assert sum(r) == 18 and r[1] == max(r) == 8 and min(r) >= 5  # the widest spread gets the most
     assert second.non_tensor_batch[KEEP_LAST].tolist()[::4] == [(8 - x) // 2 for x in r]  # the released L rule
     assert manager.darts_state()["planned_prompts"] == 6
     # the warm-up is reported with the batch it planned, though the next batch is planned before it is observed
-    for prompts, keys_of in ((first, keys), (second, keys)):
-        mask = torch.ones(12, 4, dtype=torch.long)
-        columns = {k: np.zeros(12) for k in ("darts_generated", "darts_aborted", "darts_dropped",
-                                                "darts_dropped_tokens", "darts_aborted_tokens", "darts_submitted_at",
-                                                "darts_last_kept_at")}
-        columns[GROUP] = prompts.non_tensor_batch[GROUP]
-        manager._observe(DataProto.from_dict(tensors={"response_mask": mask}, non_tensors=columns), keys_of)
-        assert manager.pop_metrics()["rollout_shaping/warmup"] == (1.0 if prompts is first else 0.0)
+    for warm in (True, False):  # verl's output carries none of the planning columns
+        columns = {k: np.zeros(12) for k in COUNTS + TIMES}
+        output = DataProto.from_dict(tensors={"response_mask": torch.ones(12, 4, dtype=torch.long)}, non_tensors=columns)
+        manager._observe(output, keys, warm)
+        assert manager.pop_metrics()["rollout_shaping/warmup"] == float(warm)
 
 
 def test_observe_counts_tokens_and_times_generation():
     manager = _manager(responses=6, keep_last=0)
     prompts = _prompts(1, 4)
-    keys = manager._plan(prompts, chunks=1, population=False)
+    keys, _ = manager._plan(prompts, chunks=1, population=False)
     per_row = {"darts_generated": 1.5, "darts_aborted": 0.5, "darts_dropped": 0.0, "darts_dropped_tokens": 0.0,
                "darts_aborted_tokens": 2.5, "darts_submitted_at": 100.0}
     non_tensor = {k: np.full(4, v) for k, v in per_row.items()}

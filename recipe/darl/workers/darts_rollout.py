@@ -251,7 +251,6 @@ class DartsManagerMixin:
         self.kept_lengths: list[float] = []
         self.span: list[float] = []  # submission and last kept finish times since the last pop_metrics
         self.planned_prompts = 0
-        self.warm_plans: dict[str, bool] = {}  # plan tag -> planned in the warm-up (one-step-off plans a step ahead)
         # the warm-up counts trainer steps in prompts: a one-step-off step generates data.train_batch_size prompts, a
         # fully-async step trains on require_batches mini-batches of ppo_mini_batch_size prompts
         per_step = int(self.config.data.get("train_batch_size") or 0) or (
@@ -259,9 +258,10 @@ class DartsManagerMixin:
             * int(self.config.get("async_training", {}).get("require_batches", 1)))
         self.warmup_prompts = self.darts.warmup_steps * per_step if self.darts.adaptive else 0
 
-    def _plan(self, prompts, chunks: int, population: bool) -> list[str]:
+    def _plan(self, prompts, chunks: int, population: bool) -> tuple[list[str], bool]:
         """Adds GROUP, EXTRA and KEEP_LAST to the rows of `prompts` (groups of n consecutive rows: verl's interleaved
-        repeat), which verl then splits into `chunks` equal parts, one per agent-loop worker."""
+        repeat), which verl then splits into `chunks` equal parts, one per agent-loop worker; returns the groups'
+        prompt keys and whether this is the warm-up's plan."""
         n = self.n
         if len(prompts) % n:
             raise ValueError(f"rollout_shaping: {len(prompts)} rows are not groups of rollout.n={n}")
@@ -288,21 +288,18 @@ class DartsManagerMixin:
             for a, e, k in zip(cuts, split_counts(r - n, sizes), split_counts(keep_last, sizes)):
                 extra[a], tail[a] = e, k  # on the part's first row: the worker sums over the part's rows
         tag = uuid4().hex[:8]
-        self.warm_plans[tag] = warm
         prompts.non_tensor_batch[GROUP] = np.array([f"{tag}:{i // n}" for i in range(len(prompts))], dtype=object)
         prompts.non_tensor_batch[EXTRA], prompts.non_tensor_batch[KEEP_LAST] = extra, tail
-        return keys
+        return keys, warm
 
-    def _observe(self, output, keys: list[str]) -> None:
+    def _observe(self, output, keys: list[str], warm: bool = False) -> None:
         """Folds the kept lengths into the EMA, counts, times, and drops the planning and count columns."""
         lengths = output.batch["response_mask"].sum(-1).tolist()
         self.kept_lengths += lengths
         for g, key in enumerate(keys):
             self.spread_ema.update(key, lengths[g * self.n:(g + 1) * self.n])
         self.counts["prompts"] += len(keys)
-        tags = {str(g).split(":")[0] for g in output.non_tensor_batch[GROUP]}
-        if any([self.warm_plans.pop(t, False) for t in tags]):
-            self.counts["warmup_prompts"] += len(keys)
+        self.counts["warmup_prompts"] += len(keys) if warm else 0
         self.counts["kept"] += len(output)
         self.counts["kept_tokens"] += float(sum(lengths))
         for name in COUNTS:
@@ -351,9 +348,9 @@ class DartsAgentLoopManager(DartsManagerMixin, AgentLoopManager):
     async def generate_sequences(self, prompts):
         if prompts.meta_info.get("validate", False):
             return await super().generate_sequences(prompts)
-        keys = self._plan(prompts, chunks=len(self.agent_loop_workers), population=False)
+        keys, warm = self._plan(prompts, chunks=len(self.agent_loop_workers), population=False)
         output = await super().generate_sequences(prompts)
-        self._observe(output, keys)
+        self._observe(output, keys, warm)
         return output
 
 
@@ -361,9 +358,9 @@ class DartsFullyAsyncAgentLoopManager(DartsManagerMixin, FullyAsyncAgentLoopMana
     """The fully-async rollouter's manager: one prompt per call, planned against the EMA's recent prompts."""
 
     async def generate_sequences_single(self, prompts):
-        keys = self._plan(prompts, chunks=1, population=True)
+        keys, warm = self._plan(prompts, chunks=1, population=True)
         output = await super().generate_sequences_single(prompts)
-        self._observe(output, keys)
+        self._observe(output, keys, warm)
         return output
 
 
