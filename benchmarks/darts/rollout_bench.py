@@ -158,8 +158,8 @@ def main() -> None:
                 t0 = time.perf_counter()
                 manager.generate_sequences(prompts)
                 wall = time.perf_counter() - t0
-                plan = {k: prompts.non_tensor_batch[c].reshape(-1, N).sum(1).tolist() for k, c in (("extra", EXTRA),
-                                                                                                   ("keep_last", KEEP_LAST))}
+                plan = {k: prompts.non_tensor_batch[c].reshape(-1, N).sum(1).tolist()
+                        for k, c in (("extra", EXTRA), ("keep_last", KEEP_LAST))}
                 m = {k.split("/", 1)[1]: v for k, v in manager.pop_metrics().items()}
                 if rep:
                     result["runs"].append({"dist": dist, "setting": name, "rep": rep, "wall_s": wall,

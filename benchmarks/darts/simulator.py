@@ -142,7 +142,8 @@ def validate(bench: dict) -> str:
         predicted = statistics.median(p for _, p, _, _ in rows)
         error = predicted / measured - 1
         worst = max(worst, abs(error))
-        tokens = (statistics.median(r["tokens_decoded"] for *_, r in rows), statistics.median(s["decoded"] for _, _, s, _ in rows))
+        tokens = (statistics.median(r["tokens_decoded"] for *_, r in rows),
+                  statistics.median(s["decoded"] for _, _, s, _ in rows))
         lines.append(f"| {dist} | {name} | {measured:.2f} | {predicted:.2f} | {100 * error:+.0f}% | "
                      f"{tokens[0]:.0f} / {tokens[1]:.0f} |")
     lines.append(f"\nlargest error of a cell's median: {100 * worst:.0f}%")
