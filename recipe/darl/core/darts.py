@@ -86,7 +86,7 @@ class DartsConfig:
 
     def keep_last_for(self, r: int, n: int) -> int:
         """L for a group of r responses keeping n: the configured L, else the released rule (max_responses - r) // 2
-        (so only groups at the upper bound abort their tail), at most n - 1."""
+        (so only groups within one of the upper bound abort their tail), at most n - 1."""
         if self.keep_last is not None:
             return self.keep_last
         return max(0, min((self.bounds(n)[1] - r) // 2, n - 1))
