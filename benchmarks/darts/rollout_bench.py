@@ -21,7 +21,6 @@ generation time (submission to the last kept response), tokens decoded, kept, dr
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -170,7 +169,6 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result) + "\n")
     print(table(result))
-    asyncio.run(asyncio.sleep(0))
     ray.shutdown()
 
 

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-from recipe.darl.workers.darts_rollout import (COUNTS, EXTRA, GROUP, KEEP_LAST, TIMES, _ROW, DartsAgentLoopWorker,
+from recipe.darl.workers.darts_rollout import (COUNTS, EXTRA, GROUP, KEEP_LAST, TIMES, DartsAgentLoopWorker,
                                               DartsManagerMixin, _AbortOnCancel, _Part, abort_in_engine)
 
 
@@ -33,17 +33,37 @@ def worker(monkeypatch):
         async def server_call():
             try:
                 await asyncio.sleep(kwargs["delay"])
-            except asyncio.CancelledError:
+            except asyncio.CancelledError:  # aborted in the engine: the partial response comes back
                 return SimpleNamespace(token_ids=[0] * kwargs.get("partial", 0))
             return SimpleNamespace(token_ids=[1] * kwargs["tokens"])
 
-        call = asyncio.ensure_future(server_call())
-        try:
-            response = await asyncio.shield(call)
-        except asyncio.CancelledError:  # as _generate_or_abort: the server call is handed to the worker
-            call.cancel()
-            _ROW.get()[0].aborted_calls[_ROW.get()[1]] = call
-            raise
+        class Ref:  # as a Ray object ref: awaiting it again after a cancelled await gives the call's result
+            def __init__(self, call):
+                self.call = call
+
+            def __await__(self):
+                return asyncio.shield(self.call).__await__()
+
+        calls = {}
+
+        class Handle:  # a rollout server's Ray handle; the engine abort cancels the call on the "server"
+            class generate:  # noqa: N801
+                @staticmethod
+                def remote(request_id, **params):
+                    calls[request_id] = asyncio.ensure_future(server_call())
+                    return Ref(calls[request_id])
+
+            class __ray_call__:  # noqa: N801
+                @staticmethod
+                def remote(fn, request_id):
+                    calls[request_id].cancel()
+
+            class abort_request:  # noqa: N801
+                @staticmethod
+                def remote(request_id, **params):
+                    pass
+
+        response = await _AbortOnCancel(Handle()).generate.remote(request_id=f"r{kwargs['row']}")
         output = SimpleNamespace(row=kwargs["row"], extra_fields={}, response_mask=[1] * len(response.token_ids))
         return await self._agent_loop_postprocess(output, False, **kwargs)
 

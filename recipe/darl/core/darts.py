@@ -81,8 +81,12 @@ class DartsConfig:
     def bounds(self, n: int) -> tuple[int, int]:
         return (self.min_responses or math.floor(1.25 * n), self.max_responses or 2 * n)
 
+    def mean_responses(self, n: int) -> int:
+        """ceil(mean_ratio * n): r of the warm-up, and of every prompt when `responses` is null."""
+        return math.ceil(self.mean_ratio * n - 1e-9)
+
     def fixed_responses(self, n: int) -> int:
-        return self.responses if self.responses is not None else math.ceil(self.mean_ratio * n - 1e-9)
+        return self.responses if self.responses is not None else self.mean_responses(n)
 
     def keep_last_for(self, r: int, n: int) -> int:
         """L for a group of r responses keeping n: the configured L, else the released rule (max_responses - r) // 2

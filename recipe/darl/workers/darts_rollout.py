@@ -21,7 +21,6 @@ import asyncio
 import contextvars
 import hashlib
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -214,10 +213,8 @@ async def _partial_tokens(call, timeout_s: float = 30.0) -> int:
     """Tokens of the partial response an aborted server call returns (0 if it returns nothing in time)."""
     if call is None:
         return 0
-    try:
-        out = await asyncio.wait_for(asyncio.wrap_future(call.future()) if hasattr(call, "future") else call,
-                                     timeout_s)
-        return len(out.token_ids)
+    try:  # a Ray object ref can be awaited again after the awaiting task was cancelled
+        return len((await asyncio.wait_for(call, timeout_s)).token_ids)
     except Exception:  # noqa: BLE001 - a server that answers nothing: its tokens are not counted
         return 0
 
@@ -247,7 +244,7 @@ class DartsManagerMixin:
         self.darts = darts_config(self.config)
         self.n = int(self.config.actor_rollout_ref.rollout.n)
         self.spread_ema = LengthSpreadEma(self.darts.ema_alpha)
-        self.counts = dict.fromkeys(("prompts", "warmup_prompts", "kept", "kept_tokens", *COUNTS), 0.0)
+        self.counts = dict.fromkeys(("prompts", "warmup_prompts", "kept", *COUNTS), 0.0)
         self.kept_lengths: list[float] = []
         self.span: list[float] = []  # submission and last kept finish times since the last pop_metrics
         self.planned_prompts = 0
@@ -269,7 +266,7 @@ class DartsManagerMixin:
         keys = [prompt_key(prompts.non_tensor_batch, g * n) for g in range(groups)]
         warm = self.planned_prompts < self.warmup_prompts
         if warm:  # the released warm-up: r = mean_ratio * n, every tail cut
-            responses, tails = [math.ceil(self.darts.mean_ratio * n - 1e-9)] * groups, [0] * groups
+            responses, tails = [self.darts.mean_responses(n)] * groups, [0] * groups
         else:
             if self.darts.adaptive:
                 low, high = self.darts.bounds(n)
@@ -301,7 +298,6 @@ class DartsManagerMixin:
         self.counts["prompts"] += len(keys)
         self.counts["warmup_prompts"] += len(keys) if warm else 0
         self.counts["kept"] += len(output)
-        self.counts["kept_tokens"] += float(sum(lengths))
         for name in COUNTS:
             self.counts[name] += float(np.sum(output.non_tensor_batch.pop(name).astype(np.float64)))
         submitted, last = (output.non_tensor_batch.pop(name).astype(np.float64) for name in TIMES)
@@ -318,7 +314,7 @@ class DartsManagerMixin:
         if not c["prompts"]:
             return {}
         p50, p95 = np.percentile(lengths, [50, 95]).tolist()
-        tokens = {"kept": c["kept_tokens"], "dropped": c["darts_dropped_tokens"], "aborted": c["darts_aborted_tokens"]}
+        tokens = {"kept": float(sum(lengths)), "dropped": c["darts_dropped_tokens"], "aborted": c["darts_aborted_tokens"]}
         return {"rollout_shaping/generation_s": span[1] - span[0],
                 **{f"rollout_shaping/tokens_{k}": v for k, v in tokens.items()},
                 "rollout_shaping/tokens_decoded": sum(tokens.values()),
