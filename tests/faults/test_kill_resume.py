@@ -1,4 +1,5 @@
-"""Kill the job at chosen moments, resume with trainer.resume_mode=auto (docs/faults.md).
+"""Kill the job at chosen moments, resume with trainer.resume_mode=auto (docs/faults.md), stop it as Slurm does
+before a time limit.
 
 The one-step-off CPU pipeline (Ray, the FSDP2 trainer, the hf rollout server, replay K = 3, a checkpoint after
 every step, 5 steps) runs in its own session; `DARL_FAULT_INJECT` picks the moment. All launches share one
@@ -9,7 +10,10 @@ output folder, each resuming what the previous left:
 2. the job (its whole process group) is SIGKILLed inside its second checkpoint save: buffer and actor shards
    written, verl's data.pt and tracker not: resume takes the previous checkpoint, with that checkpoint's buffer,
    whose actor shards verl's own rotation would have removed by then;
-3. no fault: the run ends at the configured step count, as an uninterrupted run does.
+3. no fault, 30 configured steps and no periodic checkpoint: after its first update the test sends SIGUSR1 to the
+   driver (what shells/run.sh forwards from Slurm ten minutes before the limit); the trainer saves at its next step
+   boundary and exits 0; every step is trained once over the three launches. (The fully-async stop:
+   test_stop_signal.py.)
 
 These three log to one metrics file, the CPU scripts' `<out>/metrics.jsonl`, as a relaunch with the same command
 does; each relaunch keeps the earlier launch's file beside it (recipe/darl/robustness/run_records.py).
@@ -26,7 +30,7 @@ import re
 
 import pytest
 
-from kill_helpers import ONE_STEP_OFF, Launch, build_inputs, launch, read_log
+from kill_helpers import ONE_STEP_OFF, Launch, build_inputs, launch, read_log, usr1_to_driver
 from recipe.darl.robustness.checkpoint_files import read_checked
 
 STEPS = 5
@@ -64,11 +68,11 @@ def _detect_seconds(run: Launch) -> float:
     return detected - killed
 
 
-def _relaunch(root, inputs, name: str, fault: str, env: dict, overrides: tuple) -> Launch:
+def _relaunch(root, inputs, name: str, fault: str, env: dict, overrides: tuple, **kw) -> Launch:
     """`launch` with verl's file logger at the same path for every launch, `<out>/metrics.jsonl` (the CPU scripts'
     own); the launch's log is that file afterwards (each launch writes it anew, the one before kept beside it)."""
     metrics = root / "out" / "metrics.jsonl"
-    run = launch(ONE_STEP_OFF, root, inputs, name, fault, {**env, "VERL_FILE_LOGGER_PATH": str(metrics)}, overrides)
+    run = launch(ONE_STEP_OFF, root, inputs, name, fault, {**env, "VERL_FILE_LOGGER_PATH": str(metrics)}, overrides, **kw)
     run.log = read_log(metrics) if metrics.exists() else {}
     return run
 
@@ -86,9 +90,10 @@ def fast(tmp_path_factory):
     ckpt = root / "out" / "checkpoints"
     runs["step4_files"] = sorted(p.name for p in (ckpt / "global_step_4").iterdir() if ".tmp." not in p.name)
     runs["step3_shards"] = sorted(p.name for p in (ckpt / "global_step_3" / "actor").glob("*.pt"))
-    runs["end"] = _relaunch(root, inputs, "end", "", env, timeout)
+    runs["stop"] = _relaunch(root, inputs, "stop", "", {"STEPS": "30", "SAVE_FREQ": "1000"}, timeout,
+                             after_step=STEPS - 1, action=usr1_to_driver)
     runs["root"] = root
-    _summary(root, {k: runs[k] for k in ("server", "save", "end")})
+    _summary(root, {k: runs[k] for k in ("server", "save", "stop")})
     return runs
 
 
@@ -117,25 +122,32 @@ def test_a_kill_inside_a_save_resumes_from_the_previous_checkpoint(fast):
     assert {"model_world_size_1_rank_0.pt", "optim_world_size_1_rank_0.pt"} <= set(fast["step3_shards"])
 
 
-def test_the_resumed_run_ends_with_the_uninterrupted_step_count(fast):
-    run, root = fast["end"], fast["root"]
+def test_usr1_after_the_resume_saves_at_the_next_step_boundary_and_no_step_is_lost(fast):
+    """The third launch resumes from step 3, trains on, and stops at the step boundary after the USR1: one checkpoint,
+    the stop's, complete, with the buffer of its last trained step; every step of the job trained and logged once."""
+    run, root = fast["stop"], fast["root"]
     assert run.rc == 0, run.text[-3000:]
+    assert "SIGUSR1: stop requested" in run.text
     _assert_resumed(run, root, 3, fast["saved_3"])
-    assert run.trained() == [4, 5]
-    # rotation after the tracker, among the steps this launch saved (4 and 5: one whole folder kept, as
-    # max_actor_ckpt_to_keep=1 asks); the earlier launches' checkpoints stay, as with verl's own rotation
-    assert run.tracker == STEPS and run.folders == [2, 3, STEPS]
-    assert _buffer_summary(root, STEPS)["steps_done"] == STEPS
-    # every step counted once: 1-2 (first launch), 3 (second; its step 4 was lost with the kill), 4-5 (last)
-    assert fast["server"].trained() + fast["save"].trained() + run.trained() == list(range(1, STEPS + 1))
+    last = run.trained()[-1]
+    assert run.trained() == list(range(4, last + 1)) and last < 15, "the job did not end early"
+    # the stop's save is this launch's only one (save_freq 1000); step 4's folder, torn by the second launch's kill,
+    # stays beside it unless the stop came at step 4, whose save replaced it
+    assert run.tracker == last and set(run.folders) == {2, 3, 4, last}
+    folder = root / "out" / "checkpoints" / f"global_step_{last}"
+    assert {"data.pt", "darl_replay.pt"} <= {p.name for p in folder.iterdir()}
+    assert _buffer_summary(root, last)["steps_done"] == last
+    # every step counted once: 1-2 (first launch), 3 (second; its step 4 was lost with the kill), 4-last (this one)
+    assert fast["server"].trained() + fast["save"].trained() + run.trained() == list(range(1, last + 1))
     # and every step logged stays on disk: each relaunch kept the metrics file of the launch before it (the killed
     # one's too) beside the one it writes; sorted(), they are in launch order
     out = root / "out"
     files = sorted(out.glob("metrics*.jsonl"))
     assert [p.name for p in files] == ["metrics.001.jsonl", "metrics.002.jsonl", "metrics.jsonl"]
     records = [json.loads(line) for p in files for line in p.read_text().splitlines()]
-    assert [r["step"] for r in records if "actor/pg_loss" in r["data"]] == list(range(1, STEPS + 1))
-    assert [sorted(s for s, m in read_log(p).items() if "actor/pg_loss" in m) for p in files] == [[1, 2], [3], [4, 5]]
+    assert [r["step"] for r in records if "actor/pg_loss" in r["data"]] == list(range(1, last + 1))
+    assert [sorted(s for s, m in read_log(p).items() if "actor/pg_loss" in m) for p in files] == \
+        [[1, 2], [3], list(range(4, last + 1))]
     assert f"metrics of the earlier launch kept as {out / 'metrics.001.jsonl'}" in fast["save"].text
     assert f"metrics of the earlier launch kept as {out / 'metrics.002.jsonl'}" in run.text
 
@@ -143,7 +155,8 @@ def test_the_resumed_run_ends_with_the_uninterrupted_step_count(fast):
 def test_no_process_of_a_finished_launch_outlives_it_by_long(fast):
     # Ray's workers of a killed driver die with its raylet; what is left 3 s later is killed by the helper (as a
     # scheduler would); counted here so a change in that shows
-    assert all(fast[k].leftovers <= 6 for k in ("server", "save", "end")), {k: fast[k].leftovers for k in ("server", "save", "end")}
+    launches = ("server", "save", "stop")
+    assert all(fast[k].leftovers <= 6 for k in launches), {k: fast[k].leftovers for k in launches}
 
 
 def test_a_server_killed_inside_a_weight_sync_stops_the_run_naming_it_and_the_step(tmp_path_factory):

@@ -136,7 +136,7 @@ def test_a_torn_kernel_breaks_every_later_compile_until_removed(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     kernels = [Path(p) for p in glob.glob(str(cache / "**" / "*.main.so"), recursive=True)]
     assert kernels and all(is_whole_elf(p) for p in kernels)
-    for lib in kernels:  # what the vLLM server killed during its first compile left (tests/vllm/test_dead_server.py)
+    for lib in kernels:  # what the vLLM server killed during its first compile left (tests/vllm/test_pipeline_one_step_off.py)
         lib.write_bytes(b"")
     broken = _compile(cache)
     assert broken.returncode != 0 and "file too short" in broken.stderr, broken.stderr[-3000:]

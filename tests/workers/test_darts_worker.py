@@ -3,7 +3,7 @@ generation, not of the reward), the abort of a group's tail once n have finished
 responses and tokens and the generation time, on rows of known durations; the server-side abort of a cancelled
 request. The manager: r and L per group (warm-up, released L rule, a group split across workers), its counts. verl's own per-row agent loop and batch assembly are replaced by stand-ins that record what
 they are given; the end-to-end runs through Ray are in tests/vllm/test_pipeline_one_step_off.py (one-step-off)
-and tests/e2e/test_darts_pipeline.py (fully-async)."""
+and tests/faults/test_stop_signal.py (fully-async)."""
 
 from __future__ import annotations
 
