@@ -1,7 +1,12 @@
 """The decisions of one D-ARL step, shared by the verl trainers and the study harness.
 
-A step calls `plan` (candidates, selection), its own old-log-prob forward of `plan.trained`, `record`,
-`loss_inputs`, the update (`loss` or the actor's loss) and `finish` (reuse counts, insert, evict).
+    plan = step.plan(fresh, version, budget, multiple, min_multiple)  # candidates, selection, training order
+    ... the caller's old-log-prob forward of plan.trained ...
+    step.record(plan, old_log_probs)                                  # pi_old of this version, per group
+    inputs = step.loss_inputs(plan, mask, old, rollout, ...)           # per-source weights, clip ranges
+    ... advantages; the update with step.loss (harness) or the actor's loss (trainers) ...
+    step.finish(plan)                                                 # reuse counts, insert, evict
+
 `ReplayStep(None)` is decoupled PPO: no buffer, each sample weighed against its own behavior policy.
 """
 
