@@ -1,9 +1,7 @@
 """`make demo`: D-ARL one-step-off training end to end on CPU, on the built-in example.
 
-Runs shells/cpu/one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh (Ray; FSDP2 trainer worker;
-rollout server: verl's vLLM; weight sync every step; the
-preset), then reads verl's jsonl log, plots reward, validation accuracy and the preset's metrics to a PNG
-(recipe/darl/plot.py), and prints the validation accuracy before and after training.
+Runs shells/cpu/one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh, plots its metrics to a PNG (recipe/darl/plot.py)
+and prints the validation accuracy before and after training.
 
     python -m recipe.darl.demo [--steps 40] [--out outputs/demo] [extra Hydra overrides ...]
 """

@@ -3,24 +3,11 @@
     python -m recipe.darl.eval --model CKPT --benchmarks gsm8k,math500,aime24,humaneval \\
         --data-dir ~/data --k 8 --temperature 0.6 --top-p 0.95 --out results/my_run
 
-CKPT is a Hugging Face model folder, or a verl checkpoint: the experiment folder (its
-`latest_checkpointed_iteration.txt` picks the step), a `global_step_N` folder or its `actor` folder.
-A verl FSDP checkpoint is merged into a Hugging Face folder first with verl's own model merger
-(`python -m verl.model_merger merge --backend fsdp`), into `<actor>/huggingface_merged` unless
-`--merged-dir` says otherwise; a merged folder that already has weights is reused.
-
-Generation: vLLM when it is importable and CUDA is available (`--backend auto`, the default), else
-transformers `generate` (CPU or one GPU). Prompts are the parquet's chat messages with the tokenizer's
-chat template (`--enable-thinking` passes `enable_thinking=True` to Qwen3's template; off by default, as in
-the launch scripts). Scores come from `recipe.darl.rewards.compute_score`, the training reward.
-
-Metrics per benchmark (each problem weighs the same):
-- pass@1: greedy decoding (temperature 0), one response per problem (`--no-greedy` skips it);
-- avg@k: the mean correctness of k sampled responses (`--k`, `--temperature`, `--top-p`);
-- pass@k: the fraction of problems with at least one correct response among the k samples.
-Outputs in `--out`: results.md (a table, one row per benchmark plus their mean), results.csv,
-results.json (model, backend, sampling settings, each data file's sha256, scores, versions) and
-generations.jsonl (every response with its score).
+CKPT is a Hugging Face folder or a verl checkpoint (the experiment, a `global_step_N` or its `actor` folder); a
+verl FSDP checkpoint is first merged with `verl.model_merger` into `<actor>/huggingface_merged` (or `--merged-dir`).
+Generation uses vLLM when it and CUDA are available, else transformers `generate`; scores come from the training
+reward, `recipe.darl.rewards.compute_score`. Per benchmark: pass@1 (greedy), avg@k (mean correctness of k samples)
+and pass@k (at least one of k correct). Writes results.{md,csv,json} and generations.jsonl to `--out`.
 """
 
 from __future__ import annotations
@@ -64,9 +51,6 @@ class Sampling:
     enable_thinking: bool = False
 
 
-# --------------------------------------------------------------------------- checkpoints
-
-
 def _has_weights(folder: Path) -> bool:
     return (folder / "config.json").exists() and any(any(folder.glob(p)) for p in WEIGHT_PATTERNS)
 
@@ -94,9 +78,6 @@ def resolve_model(path: str, merged_dir: Optional[str] = None, python: str = sys
         print("merging the verl checkpoint:", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
     return str(target), "verl-fsdp"
-
-
-# --------------------------------------------------------------------------- generation backends
 
 
 def cuda_available() -> bool:
@@ -145,8 +126,7 @@ class TransformersBackend:
             for i, ids in enumerate(chunk):  # left padding
                 input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
                 attention[i, width - len(ids):] = 1
-            kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, num_return_sequences=n,
-                          do_sample=not greedy)
+            kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, num_return_sequences=n, do_sample=not greedy)
             if not greedy:
                 kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
             with torch.no_grad():
@@ -184,9 +164,6 @@ def make_backend(choice: str, model_dir: str, tokenizer, args) -> object:
         return VLLMBackend(model_dir, args.tensor_parallel_size, args.gpu_memory_utilization,
                            args.max_prompt_length + args.max_new_tokens, args.seed)
     return TransformersBackend(model_dir, tokenizer, batch_size=args.batch_size, dtype=args.dtype)
-
-
-# --------------------------------------------------------------------------- scoring
 
 
 def sha256_of(path: str) -> str:
@@ -333,9 +310,6 @@ def _versions() -> dict:
         except metadata.PackageNotFoundError:
             pass
     return versions
-
-
-# --------------------------------------------------------------------------- CLI
 
 
 def parse_args(argv=None):

@@ -1,10 +1,5 @@
-"""Entry point: `python -m recipe.darl.main_darl [hydra overrides]`.
-
-The config is checked (every problem at once) before Ray starts. The original scripts' overrides
-`+replay.enable=True` and `+algorithm.rollout_is=True` work although those keys exist here: a
-leading `+` on a key of `replay` or on the two `algorithm.rollout_is*` aliases is read as Hydra's `++`
-(set or add).
-"""
+"""Entry point: `python -m recipe.darl.main_darl [hydra overrides]`. The config is checked before Ray starts; the
+original scripts' `+replay.*` and `+algorithm.rollout_is*` overrides are read as Hydra's `++` (set or add)."""
 
 from __future__ import annotations
 
@@ -26,8 +21,7 @@ PLUS_KEYS = ("+replay.", "+algorithm.rollout_is=", "+algorithm.rollout_is_thresh
 
 
 def rewrite_plus_overrides(argv: list[str]) -> list[str]:
-    """`+replay.k=4` -> `++replay.k=4`: the original D-ARL repository had no replay section in its
-    base config."""
+    """`+replay.k=4` -> `++replay.k=4`: the original D-ARL repository had no replay section in its config."""
     return ["+" + a if a.startswith(PLUS_KEYS) else a for a in argv]
 
 
@@ -58,16 +52,10 @@ class DarlTaskRunner:
         val_dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor,
                                         max_samples=config.data.get("val_max_samples", -1))
         trainer = DarlTrainer(
-            config=config,
-            tokenizer=tokenizer,
-            processor=processor,
-            role_worker_mapping=role_worker_mapping,
+            config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=role_worker_mapping,
             resource_pool_manager=create_resource_pool_manager(config, role_worker_mapping.keys()),
-            ray_worker_group_cls=ray_worker_group_cls,
-            train_dataset=train_dataset,
-            val_dataset=val_dataset,
-            collate_fn=collate_fn,
-            train_sampler=create_rl_sampler(config.data, train_dataset),
+            ray_worker_group_cls=ray_worker_group_cls, train_dataset=train_dataset, val_dataset=val_dataset,
+            collate_fn=collate_fn, train_sampler=create_rl_sampler(config.data, train_dataset),
             device_name=config.trainer.device,
         )
         trainer.init_workers()
@@ -75,8 +63,8 @@ class DarlTaskRunner:
 
 
 def prepare_config(config: DictConfig) -> DictConfig:
-    """Aliases, checks (raising `ConfigError` before Ray starts), the attention fallback and the rollout
-    resource copy both trainers make."""
+    """Aliases, checks (raising `ConfigError` before Ray starts), the attention fallback and the rollout resource
+    copy both trainers make."""
     from verl.utils.device import auto_set_device
 
     problems, lines = preflight(config)  # wandb credentials; sdpa when flash_attn cannot be imported
@@ -90,10 +78,8 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
 
 def run_or_print(config: DictConfig, task_runner_class) -> None:
-    """verl's run_ppo with the given task runner, or, with DARL_DRY_RUN set, the resolved config only. SIGUSR1
-    to this process asks the trainer to save and end at its next step boundary (robustness/stop_request.py). A
-    relaunch keeps the earlier launch's metrics file and resumes its wandb run (robustness/run_records.py), set up
-    here, before Ray starts and verl's trackers open their files."""
+    """verl's run_ppo with the given task runner (DARL_DRY_RUN: the resolved config only). The SIGUSR1 stop request
+    and the run records (a relaunch keeps the metrics file and wandb run) are set up before Ray starts."""
     from verl.trainer.main_ppo import run_ppo
 
     if os.environ.get("DARL_DRY_RUN"):

@@ -1,8 +1,5 @@
-"""Entry point of the fully-async trainer: `python -m recipe.darl.main_fully_async [hydra overrides]`.
-
-The same `replay.*` keys, `algorithm.rollout_is*` aliases and `+replay.*` spelling as `main_darl`; the config is checked
-before Ray starts, the fully-async keys included (warnings are printed, problems raise).
-"""
+"""Entry point of the fully-async trainer: `python -m recipe.darl.main_fully_async [hydra overrides]`; the config
+is read and checked as in `main_darl`, the fully-async keys included."""
 
 from __future__ import annotations
 

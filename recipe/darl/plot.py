@@ -1,6 +1,5 @@
 """Plots a run's curves from verl's jsonl log (`trainer.logger` with "file"): reward, validation
-accuracy and the preset's own metrics (groups trained, staleness, buffer, the m2 gate and the behavior trust
-region) against the training step, into one PNG.
+accuracy and the preset's own metrics against the training step, into one PNG.
 
     python -m recipe.darl.plot RUN.jsonl [--out RUN.png]
 """

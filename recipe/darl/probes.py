@@ -1,9 +1,8 @@
 """Named probe points: the places in a run where a test may act (kill the job, freeze a rollout server).
 
-The product calls `probe(point, step)` at a handful of points and knows nothing of what happens there. A hook
-module, named by the file path in `DARL_PROBES`, is loaded once per process on the first probe and registers its
-hooks with `register`; unset (every real run), `probe` returns at once. The test suite sets `DARL_PROBES` to its
-fault injector (tests/faults/inject.py), which every process of a test's job inherits.
+The product calls `probe(point, step)` and knows nothing of what happens there. A hook module named by its file path
+in `DARL_PROBES` (the tests' tests/faults/inject.py) is loaded once per process and registers its hooks; unset,
+`probe` returns at once.
 
 | point | where | step |
 |---|---|---|

@@ -7,7 +7,6 @@ Also maps the verl-0.6 aliases of the original D-ARL repository, `algorithm.roll
 from __future__ import annotations
 
 import math
-
 import os
 from typing import Any
 
@@ -27,10 +26,7 @@ class ConfigError(ValueError):
 
 
 def apply_compat_aliases(cfg: DictConfig) -> list[str]:
-    """Moves `algorithm.rollout_is(_threshold)` onto `algorithm.rollout_correction` and deletes them.
-
-    Returns the contradictions found (empty when the aliases agree with what is set, or are unset).
-    """
+    """Moves `algorithm.rollout_is(_threshold)` onto `algorithm.rollout_correction`; returns the contradictions."""
     problems = []
     algo = cfg.algorithm
     corr = algo.rollout_correction

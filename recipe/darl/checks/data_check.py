@@ -1,17 +1,9 @@
 """Rows the run would choke on, found before Ray starts, each named by file, row and field (docs/faults.md).
 
-verl reads the data only inside its task runner, after Ray, the workers and the rollout servers have started, and
-some bad rows fail later still, in a reward worker, in the middle of training:
-
-- a row without `reward_model.ground_truth`: verl's reward manager reads `reward_model["ground_truth"]` for every
-  sample (a KeyError in a reward worker at the first batch holding that row);
-- an empty prompt (no messages, or only empty contents): the model is asked nothing, or the chat template fails;
-- a prompt longer than `data.max_prompt_length` tokens (the chat template applied, as verl does) while
-  `data.filter_overlong_prompts=false`: verl 0.9.1's agent loop then silently cuts the prompt's beginning
-  (`_cap_text_prompt_length`). With the filter on, verl drops such rows itself and nothing is checked here.
-
-`data_problems` returns one problem per kind and file, naming the first rows (row = 0-based position in the file).
-Only parquet files are read; `faults.check_data=false` skips the check.
+verl reads the data only after Ray, the workers and the rollout servers have started, and some bad rows fail later
+still, in a reward worker. Checked in parquet files (`faults.check_data=false` skips it): rows without
+`reward_model.ground_truth`, empty prompts, and, with `data.filter_overlong_prompts=false`, prompts longer than
+`data.max_prompt_length` tokens, whose beginning verl 0.9.1 would silently cut. Rows are 0-based positions.
 """
 
 from __future__ import annotations

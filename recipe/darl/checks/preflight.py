@@ -1,21 +1,10 @@
 """Start-up choices and checks for a GPU run, made before Ray starts.
 
-Attention. verl 0.9.1 loads the actor (and reference) model with
-`actor_rollout_ref.model.override_config.attn_implementation`, defaulting to `flash_attention_2`
-(verl/workers/config/model.py:185). Without an importable `flash_attn` package that fails only when
-the workers load the model, after Ray, the workers and vLLM have started. `select_attention` switches
-to PyTorch's `sdpa` when `flash_attn` cannot be imported and the user did not choose an implementation
-(the key the CPU platform sets, recipe/darl/cpu/platform.py), and returns the line to print. The line
-also says what else is lost: verl's log-probs without flash-attn's cross-entropy loop over tokens
-(`logprobs_from_logits_v2`), measured 70-110x slower than one log_softmax on an H100.
-
-Per-prompt store. `replay.prompt_replay` keeps responses of every prompt seen on the driver, and saves them in
-every checkpoint; `prompt_store_line` prints its upper bound from the data's rows and `data.max_response_length`,
-and says when `replay.prompt_replay_max_age` drops responses before their prompt can come back.
-
-Logger. `wandb.init` without credentials raises `UsageError: No API key configured`; verl calls it
-when the trainer starts (one-step-off: at the start of `fit()`, after every model and vLLM engine has
-loaded). `logger_problems` names the missing key before anything starts.
+- `select_attention`: verl loads the models with `flash_attention_2` by default, which without `flash_attn` fails
+  only once the workers load the model; it switches to `sdpa` when the user did not choose. verl's log-probs are then
+  also 70-110x slower (no flash-attn cross-entropy), which the printed line says.
+- `prompt_store_line`: the bound of `replay.prompt_replay`'s per-prompt store, kept on the driver and in checkpoints.
+- `logger_problems`: wandb without credentials fails only when `fit()` starts, after every model has loaded.
 """
 
 from __future__ import annotations
@@ -44,10 +33,7 @@ def flash_attn_importable() -> bool:
 
 def select_attention(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_importable) -> str | None:
     """Sets `sdpa` when flash-attn is missing and the user did not choose; returns the line to print, or None.
-
-    A user's own `attn_implementation` is kept as it is (a warning is returned when it is
-    flash_attention_2 and flash_attn cannot be imported).
-    """
+    A user's own choice is kept (with a warning for flash_attention_2 when flash_attn cannot be imported)."""
     model = cfg.actor_rollout_ref.model
     override = model.get("override_config")
     chosen = override.get("attn_implementation") if override is not None else None

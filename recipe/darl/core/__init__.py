@@ -1,9 +1,5 @@
-"""D-ARL core: the group record, the replay buffer, selection, the per-source weights, the multi-behavior loss and
-the step that ties them together.
-
-Plain PyTorch: no Ray, no verl workers or trainer. The trainers, the tests and the study call these. Imports go
-one way: group <- prompt_replay <- buffer <- step; config, selection, scoring, weights and loss import no group.
-"""
+"""D-ARL core in plain PyTorch (no Ray, no verl workers): the group record, the replay buffer, selection, the
+per-source weights, the multi-behavior loss and the step that ties them together."""
 
 from .buffer import EvictionStats, ReplayBuffer, StepCandidates
 from .config import ReplayConfig
@@ -16,29 +12,8 @@ from .step import LossInputs, ReplayStep, StepPlan
 from .weights import BatchWeights, batch_weights, behavior_log_denominator, clip_ranges, m2_gate, truncated_log_rho
 
 __all__ = [
-    "BatchWeights",
-    "EvictionStats",
-    "Group",
-    "LossInputs",
-    "PromptStore",
-    "ReplayBuffer",
-    "ReplayConfig",
-    "ReplayStep",
-    "Selection",
-    "StepCandidates",
-    "StepPlan",
-    "batch_weights",
-    "behavior_log_denominator",
-    "clip_ranges",
-    "darl_policy_loss",
-    "finite_samples",
-    "gather_recorded",
-    "group_multiple",
-    "group_scores",
-    "history_group",
-    "m2_gate",
-    "sample_chi2",
-    "select_for_step",
-    "select_groups",
-    "truncated_log_rho",
+    "BatchWeights", "EvictionStats", "Group", "LossInputs", "PromptStore", "ReplayBuffer", "ReplayConfig",
+    "ReplayStep", "Selection", "StepCandidates", "StepPlan", "batch_weights", "behavior_log_denominator",
+    "clip_ranges", "darl_policy_loss", "finite_samples", "gather_recorded", "group_multiple", "group_scores",
+    "history_group", "m2_gate", "sample_chi2", "select_for_step", "select_groups", "truncated_log_rho",
 ]

@@ -1,10 +1,7 @@
-"""Replay buffer over whole GRPO groups from the K most recent behavior versions (docs/algorithm.md, 'Replay buffer').
+"""Replay buffer over whole GRPO groups from the K most recent behavior versions (docs/algorithm.md).
 
-A step uses it in two calls around the actor update (core/step.py makes them):
-
-    cands = buffer.begin_step(fresh_groups, step)   # window, warmup, zero-advantage filter, history groups
-    ... select, recompute old log-probs of the selected groups and record them, train ...
-    buffer.end_step(cands, trained_groups)         # insert fresh, count reuse, evict
+`core/step.py` calls `begin_step` (the step's candidates) before the actor update and `end_step` (insert the
+fresh groups, count reuse, evict) after it; the buffer changes only in `end_step`.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ class StepCandidates:
     dropped_zero_adv: int
     step: int = -1  # the trainer step of `begin_step`
     arrived: list[Group] = field(default_factory=list)  # every fresh group, filtered or not
-    # history groups (`replay.prompt_replay`): in `fresh` and `candidates` (trained like fresh ones), never buffered
+    # per-prompt replay's history groups: also in `fresh` and `candidates`, never buffered
     history: list[Group] = field(default_factory=list)
     history_zero_adv: int = 0  # history groups dropped for equal rewards
 
@@ -47,7 +44,6 @@ class ReplayBuffer:
     """Whole groups from the K most recent behavior versions, with warmup, reuse and memory caps."""
 
     def __init__(self, config: ReplayConfig) -> None:
-        """config: a checked `ReplayConfig` (its constructor names the key of any bad value)."""
         self.k = config.k
         self.warmup = config.warmup
         self.filter_zero_adv = config.filter_zero_adv
@@ -74,12 +70,8 @@ class ReplayBuffer:
         return sorted(set(self.recent_versions) | set(versions))[-self.k :]
 
     def begin_step(self, fresh: list[Group], step: int) -> StepCandidates:
-        """Candidates of a step: buffered groups in the window (none during warmup) then the fresh ones.
-
-        Stamps the fresh groups' arrival. The buffer itself changes only in `end_step`. With per-prompt replay,
-        fresh groups without advantage whose prompt came back bring a history group (core/prompt_replay.py),
-        listed after the fresh ones; one with equal rewards is dropped.
-        """
+        """Buffered groups in the window (none during warmup), then the fresh ones, then the history groups of
+        per-prompt replay (those with equal rewards dropped). Stamps the fresh groups' arrival."""
         for i, group in enumerate(fresh):
             group.arrival_step = step
             group.seq = self.next_seq + i

@@ -11,11 +11,8 @@ BehaviorWeight = Literal["own", "pmis"]
 SourceWeight = Literal["ess", "tokens"]
 Order = Literal["newest", "least_reused"]
 
-# What `pmis: true` resolves the keys left null to: the preset (docs/algorithm.md). False turns a
-# numeric control off; `pmis: false` resolves them to the uniform-replay ablation (newest first, no controls).
-# behavior_clip_high false: the trust region bounds A < 0 only (docs/evidence.md: a bound on A > 0 cost 24 points in
-# the scarce regime and put the preset below decoupled PPO there). prompt_replay 16 (per-prompt replay): a fresh
-# group without advantage trains its prompt's 8 best stored responses in its place (docs/evidence.md, the headline)
+# What null keys resolve to with `pmis: true` (the preset) and `pmis: false` (uniform replay); false turns a control
+# off. behavior_clip_high false: a bound on A > 0 cost 24 points in the scarce regime (docs/evidence.md).
 PRESET = {"order": "least_reused", "ratio": 0.5, "m2_budget": 0.04, "behavior_clip": 0.2, "behavior_clip_high": False,
           "max_reuse": 2, "prompt_replay": 16}
 UNIFORM = {"order": "newest", "ratio": False, "m2_budget": False, "behavior_clip": False, "behavior_clip_high": False,
@@ -42,11 +39,8 @@ class ReplayConfig:
     m2_budget: Optional[float | bool] = None
     behavior_clip: Optional[float | bool] = None  # the trust region's eps for A < 0 (and for A > 0 unless set below)
     behavior_clip_high: Optional[float | bool] = None  # its eps for A > 0; false: no bound on that side
-    # per-prompt replay (RePO): responses kept per prompt; a fresh group without advantage trains its prompt's n
-    # best stored responses in its place; false: off
-    prompt_replay: Optional[int | bool] = None
-    # steps a stored response stays usable (bounds the store's memory where prompts do not come back); null: no limit
-    prompt_replay_max_age: Optional[int] = None
+    prompt_replay: Optional[int | bool] = None  # per-prompt replay (RePO): responses kept per prompt; false: off
+    prompt_replay_max_age: Optional[int] = None  # steps a stored response stays usable; null: no limit
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -124,24 +118,19 @@ class ReplayConfig:
     def problems_with_budget(self, train_batch_size: int) -> list[str]:
         """Problems that need the step's group budget B (`data.train_batch_size`)."""
         if self.max_groups is not None and _is_int(self.max_groups) and self.max_groups < train_batch_size:
-            return [
-                f"replay.max_groups={self.max_groups} is below the batch budget "
-                f"data.train_batch_size={train_batch_size}: the buffer could never hold a full batch"
-            ]
+            return [f"replay.max_groups={self.max_groups} is below the batch budget "
+                    f"data.train_batch_size={train_batch_size}: the buffer could never hold a full batch"]
         return []
 
     def resolved(self, name: str) -> Any:
-        """A key of PRESET (`order`, `ratio`, `m2_budget`, `behavior_clip`, `behavior_clip_high`, `max_reuse`,
-        `prompt_replay`): the value set, or the preset's (`pmis: true`) or uniform replay's
-        (`pmis: false`) when null. False (off) is returned as None."""
+        """A key of PRESET: the value set, else PRESET's (`pmis: true`) or UNIFORM's; False (off) is None."""
         value = getattr(self, name)
         if value is None:
             value = (PRESET if self.pmis else UNIFORM)[name]
         return None if value is False else value
 
     def behavior_clip_range(self) -> Optional[tuple[float, float]]:
-        """(eps for A < 0, eps for A > 0) of the trust region around the behavior policy, inf where a side
-        is unbounded; None when the trust region is off."""
+        """(eps for A < 0, eps for A > 0) of the behavior trust region, inf for an unbounded side; None: off."""
         low = self.resolved("behavior_clip")
         if low is None:
             return None

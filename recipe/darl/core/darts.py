@@ -1,11 +1,9 @@
-"""DARTS (docs/darts.md): redundant responses per prompt, dual-end selection by finishing
-order, and adaptive redundancy from an EMA of each prompt's response-length spread. Plain Python: no Ray, no verl.
+"""DARTS (PKU-DAIR/DARTS, ICML'26; docs/darts.md) in plain Python: r >= n responses per prompt, n kept.
 
-After the released code of PKU-DAIR/DARTS (Distribution-Aware Active Rollout Trajectory Shaping, ICML'26): r >= n
-responses are generated for a prompt and n kept, the n - L that finish first and the L that finish last; with
-L = 0 the group's remaining requests are aborted once n have finished, which cuts the group's long tail. The
-defaults are the released streaming trainer's: r_i in [floor(1.25 n), 2n] with mean 1.5 n, L_i = (2n - r_i) // 2, and
-for the first 10 steps r = 1.5 n with L = 0 while the EMA fills.
+The kept ones are the n - L that finish first and the L that finish last; with L = 0 the rest are aborted once n
+have finished, which cuts the group's long tail. r_i adapts to an EMA of each prompt's response-length spread.
+Defaults are the released trainer's: r_i in [floor(1.25 n), 2n], mean 1.5 n, L_i = (2n - r_i) // 2, and
+r = 1.5 n with L = 0 for the first 10 steps while the EMA fills.
 """
 
 from __future__ import annotations
@@ -89,16 +87,15 @@ class DartsConfig:
         return self.responses if self.responses is not None else self.mean_responses(n)
 
     def keep_last_for(self, r: int, n: int) -> int:
-        """L for a group of r responses keeping n: the configured L, else the released rule (max_responses - r) // 2
-        (so only groups within one of the upper bound abort their tail), at most n - 1."""
+        """L for r responses keeping n: the configured L, else (max_responses - r) // 2 capped at n - 1 (the released
+        rule: only groups within one of the upper bound abort their tail)."""
         if self.keep_last is not None:
             return self.keep_last
         return max(0, min((self.bounds(n)[1] - r) // 2, n - 1))
 
 
 def split_counts(total: int, sizes: Sequence[int]) -> list[int]:
-    """`total` split over parts of the given sizes in proportion to them (largest remainder; ties: the first part),
-    so each part of a group split across agent-loop workers gets its share of the extra responses."""
+    """`total` split over parts in proportion to their sizes (largest remainder; ties: the first part)."""
     whole = sum(sizes)
     exact = [total * s / whole for s in sizes]
     counts = [math.floor(e) for e in exact]
@@ -109,8 +106,7 @@ def split_counts(total: int, sizes: Sequence[int]) -> list[int]:
 
 
 def normalise(spreads: Sequence[float]) -> list[float]:
-    """DARTS' min-max normalisation v' = (v - min + 1) / (max - min); all equal (or one) -> all 1. Keeps v' > 0,
-    so every prompt has a claim on the extra responses."""
+    """DARTS' v' = (v - min + 1) / (max - min), all 1 when equal; v' > 0 gives every prompt a claim on extras."""
     if not spreads:
         return []
     low, high = min(spreads), max(spreads)
@@ -120,9 +116,8 @@ def normalise(spreads: Sequence[float]) -> list[float]:
 
 
 def allocate(spreads: Sequence[Optional[float]], n: int, mean_ratio: float, low: int, high: int) -> list[int]:
-    """Responses r_i per prompt, low <= r_i <= high, sum round(mean_ratio * n * B), minimising sum_i v_i / r_i
-    greedily: each extra response goes to the largest v_i / (r_i (r_i + 1)), the decrease it buys (ties: the
-    first prompt). v_i: normalised spreads; None (an unseen prompt) takes the mean of the known ones."""
+    """r_i in [low, high] summing to round(mean_ratio * n * B) that greedily minimise sum_i v_i / r_i: each extra
+    goes to the largest v_i / (r_i (r_i + 1)) (ties: the first). v_i: normalised spreads; None takes their mean."""
     known = [v for v in spreads if v is not None]
     norm = iter(normalise(known))
     values = [next(norm) if v is not None else None for v in spreads]
@@ -149,8 +144,7 @@ def dual_end_keep(finish_order: Sequence[int], n: int, keep_last: int) -> list[i
 
 
 class LengthSpreadEma:
-    """Per-prompt EMA of the sample standard deviation of kept response lengths (tokens); state is a plain dict,
-    ordered from the least to the most recently updated prompt."""
+    """Per-prompt EMA of the sample std of kept response lengths (tokens); a dict, least recently updated first."""
 
     def __init__(self, alpha: float, state: Optional[dict[str, float]] = None) -> None:
         self.alpha = alpha

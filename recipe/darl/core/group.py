@@ -1,8 +1,5 @@
 """A GRPO group: one prompt's n responses, the unit the buffer stores, the step selects and the loss weighs.
-
-Stored unpadded on CPU: int32 token ids, bool response mask and float32 log-probs, the prompt once per group,
-so a stored response token costs 9 bytes plus 4 per recorded version.
-"""
+Stored unpadded on CPU, the prompt once per group: a response token costs 9 bytes plus 4 per recorded version."""
 
 from __future__ import annotations
 
@@ -20,10 +17,7 @@ from .packing import pack_rows, unpack_rows
 
 @dataclass(eq=False)  # identity semantics: two groups are never "equal" by content
 class Group:
-    """One prompt's n responses: the unit of storage, selection and eviction.
-
-    T = sum(lengths) response tokens packed end to end.
-    """
+    """One prompt's n responses, T = sum(lengths) tokens packed end to end."""
 
     uid: str
     version: int  # behavior version v: the weights version that generated it
@@ -38,8 +32,7 @@ class Group:
     arrival_step: int = -1
     seq: int = -1  # arrival order across the run, set by the buffer
     times_trained: int = 0
-    # [n] int64 behavior version of each sample when they differ (a history group of per-prompt replay);
-    # None: every sample has `version`
+    # [n] int64 per-sample behavior versions (a history group of per-prompt replay); None: all are `version`
     sample_versions: Optional[torch.Tensor] = None
 
     @property
@@ -68,24 +61,11 @@ class Group:
         return self.n > 1 and bool((self.rewards == self.rewards[0]).all())
 
     @classmethod
-    def from_padded(
-        cls,
-        uid: str,
-        version: int,
-        prompt_ids: torch.Tensor,
-        prompt_length: int,
-        responses: torch.Tensor,
-        response_lengths: torch.Tensor,
-        response_mask: torch.Tensor,
-        rollout_log_probs: torch.Tensor,
-        rewards: torch.Tensor,
-        non_tensors: Optional[dict[str, np.ndarray]] = None,
-    ) -> "Group":
-        """Packs one group from verl's padded layout.
-
-        prompt_ids: [P_pad] left-padded prompt of the group (its last `prompt_length` entries are real);
-        responses, response_mask, rollout_log_probs: [n, L] right-padded; response_lengths, rewards: [n].
-        """
+    def from_padded(cls, uid: str, version: int, prompt_ids: torch.Tensor, prompt_length: int, responses: torch.Tensor,
+                    response_lengths: torch.Tensor, response_mask: torch.Tensor, rollout_log_probs: torch.Tensor,
+                    rewards: torch.Tensor, non_tensors: Optional[dict[str, np.ndarray]] = None) -> "Group":
+        """Packs one group from verl's padded layout. prompt_ids: [P_pad] left-padded (the last `prompt_length` are
+        real); responses, response_mask, rollout_log_probs: [n, L] right-padded; response_lengths, rewards: [n]."""
         n, width = responses.shape
         for name, t in (("response_mask", response_mask), ("rollout_log_probs", rollout_log_probs)):
             if tuple(t.shape) != (n, width):
@@ -95,12 +75,10 @@ class Group:
                 raise ValueError(f"Group.from_padded: {name} has shape {tuple(t.shape)}, expected {(n,)}")
         lengths = response_lengths.to(torch.int32).cpu()
         return cls(
-            uid=str(uid),
-            version=int(version),
+            uid=str(uid), version=int(version),
             prompt_ids=prompt_ids[prompt_ids.shape[0] - prompt_length :].to(torch.int32).cpu().clone(),
             response_ids=pack_rows(responses.cpu(), lengths).to(torch.int32),
-            response_mask=pack_rows(response_mask.cpu(), lengths).bool(),
-            lengths=lengths.clone(),
+            response_mask=pack_rows(response_mask.cpu(), lengths).bool(), lengths=lengths.clone(),
             rollout_log_probs=pack_rows(rollout_log_probs.detach().cpu(), lengths).float(),
             rewards=rewards.detach().float().cpu().clone(),
             non_tensors={k: np.asarray(v, dtype=object) for k, v in (non_tensors or {}).items()},
@@ -134,12 +112,9 @@ class Group:
         return sum(t.element_size() * t.numel() for t in tensors)
 
 
-
 def gather_recorded(groups: list[Group], width: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """Recorded proximal log-probs of `groups` (samples in group order) per version j.
-
-    Returns j -> (known [B] bool, log_probs [B, width]), the `recorded` input of `weights.batch_weights`.
-    """
+    """Recorded log-probs of `groups` (samples in order): j -> (known [B] bool, log_probs [B, width]), the
+    `recorded` input of `weights.batch_weights`."""
     versions = sorted({j for g in groups for j in g.recorded})
     sizes = [g.n for g in groups]
     out = {}

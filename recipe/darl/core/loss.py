@@ -1,9 +1,8 @@
 """The multi-behavior clipped objective, per micro-batch (docs/algorithm.md, 'Loss').
 
-l = -rho_bar * min(r A, clip(r, 1 - eps_low_v, 1 + eps_high_v) A), with verl's dual clip for A < 0,
-and L = sum over tokens of token_coef * l. `token_coef` (alpha_v / tokens(S_v), from
-`weights.batch_weights`) already normalizes over the whole mini-batch, so summing this loss over
-any cut of the mini-batch into micro-batches gives the same value and gradient.
+l = -rho_bar * min(r A, clip(r, 1 - eps_low_v, 1 + eps_high_v) A) with verl's dual clip for A < 0, L = sum of
+token_coef * l. token_coef = alpha_v / tokens(S_v) is normalized over the whole mini-batch, so any cut of it into
+micro-batches gives the same value and gradient.
 """
 
 from __future__ import annotations
@@ -20,33 +19,18 @@ ClipRange = Union[float, torch.Tensor]  # a float, or [B] per sample (clip decay
 
 
 def darl_policy_loss(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    log_denominator: torch.Tensor,
-    token_coef: torch.Tensor,
-    clip_low: ClipRange,
-    clip_high: ClipRange,
-    threshold: float,
-    clip_ratio_c: float = 3.0,
-    stop_grad: bool = True,
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+    log_denominator: torch.Tensor, token_coef: torch.Tensor, clip_low: ClipRange, clip_high: ClipRange,
+    threshold: float, clip_ratio_c: float = 3.0, stop_grad: bool = True,
     behavior_clip: float | tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Scalar loss of one micro-batch and detached per-token statistics.
 
-    All tensors [B, L] except clip_low/high ([B] or float). log_prob is log pi_theta (with grad),
-    old_log_prob log pi_old. rho = exp(log_target - log_denominator) truncated at `threshold`, where
-    log_target is log pi_old (stop_grad, a constant) or log pi_theta (stop_grad=False: the gradient
-    flows through rho). Tokens with coefficient 0 (padding, invalid samples) contribute nothing, and
-    their inputs are replaced before any arithmetic so a NaN there cannot reach the gradient.
-
-    behavior_clip eps_b: a second trust region, around the behavior policy (naive async's clip): a
-    token whose q = pi_theta / denominator already left [1 - eps_b, 1 + eps_b] in the direction its
-    advantage pushes (A > 0 and q > 1 + eps_b, or A < 0 and q < 1 - eps_b) contributes its loss value
-    but no gradient. A pair (eps_low, eps_high) bounds the two directions apart (eps_high may be inf: no
-    upper bound, so tokens with A > 0 keep their gradient however far past mu they moved: DAPO's
-    clip-higher, taken to its limit).
+    Tensors [B, L] (clip_low/high: [B] or float); log_prob: log pi_theta, old_log_prob: log pi_old.
+    rho_bar = min(exp(log_target - log_denominator), threshold), log_target = log pi_old (stop_grad) or log pi_theta.
+    Tokens with coefficient 0 contribute nothing; their inputs are replaced first, so a NaN there cannot reach the
+    gradient. behavior_clip eps_b (or a pair for A < 0, A > 0; inf: unbounded): a token whose q = pi_theta /
+    denominator left [1 - eps_b, 1 + eps_b] in its advantage's direction keeps its loss value but no gradient.
     """
     if not clip_ratio_c > 1.0:
         raise ValueError(f"darl_policy_loss: clip_ratio_c must be > 1, got {clip_ratio_c}")
@@ -88,13 +72,8 @@ def darl_policy_loss(
         rho_bar = rho_bar.detach()
     loss = (coef * rho_bar * pg).sum()
 
-    stats = {
-        "clipped": (clipped > unclipped) & keep,
-        "rho_bar": rho_bar.detach(),
-        "neg_approx_kl": log_ratio.detach(),
-        "keep": keep,
-        "behavior_clipped": behavior_clipped,
-    }
+    stats = {"clipped": (clipped > unclipped) & keep, "rho_bar": rho_bar.detach(), "neg_approx_kl": log_ratio.detach(),
+             "keep": keep, "behavior_clipped": behavior_clipped}
     return loss, stats
 
 

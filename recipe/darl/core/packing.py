@@ -6,10 +6,7 @@ import torch
 
 
 def pack_rows(padded: torch.Tensor, lengths: torch.Tensor, left_padded: bool = False) -> torch.Tensor:
-    """Concatenates the first (or, left-padded, the last) `lengths[i]` entries of each row.
-
-    padded: [n, W]; lengths: [n] ints <= W. Returns [sum(lengths)].
-    """
+    """[sum(lengths)]: the first (left-padded: last) `lengths[i]` entries of each row of padded [n, W]."""
     if padded.dim() != 2 or lengths.shape != (padded.shape[0],):
         raise ValueError(f"pack_rows: padded must be [n, W] and lengths [n], got {tuple(padded.shape)} and {tuple(lengths.shape)}")
     width = padded.shape[1]
@@ -19,9 +16,8 @@ def pack_rows(padded: torch.Tensor, lengths: torch.Tensor, left_padded: bool = F
     return padded[keep]
 
 
-def unpack_rows(
-    flat: torch.Tensor, lengths: torch.Tensor, width: int, pad_value: float | int = 0, left_padded: bool = False
-) -> torch.Tensor:
+def unpack_rows(flat: torch.Tensor, lengths: torch.Tensor, width: int, pad_value: float | int = 0,
+                left_padded: bool = False) -> torch.Tensor:
     """Inverse of `pack_rows`: [sum(lengths)] -> [n, width], padded with `pad_value`."""
     if lengths.numel() and int(lengths.max()) > width:
         raise ValueError(f"unpack_rows: a row of length {int(lengths.max())} does not fit width={width}")

@@ -1,17 +1,6 @@
-"""Per-prompt replay (`replay.prompt_replay`, RePO): a returning prompt's past responses train in the place of a
-fresh group without advantage.
-
-RePO (Li et al. 2025, arXiv 2506.09340) keeps each prompt's most recent responses and trains the best of them
-when the prompt comes back, their advantages normalised among themselves (its `adv_norm_mode=split`). Here, with
-fixed group size n: the store keeps the `per_prompt` most recent responses the prompt's own policy generated; a
-fresh group whose rewards are all equal (GRPO gives it no advantage) and whose prompt has at least n responses
-stored gets a history group: the n stored responses with the highest reward (ties: newest first), each with its
-own behavior version and rollout log-probs, under its own uid. The step trains it like a fresh group; it is never
-buffered (its responses are in the store already), and one whose rewards are all equal is dropped. The
-multi-behavior objective weighs each response against its own behavior policy. With `max_age: A` a stored
-response is dropped A steps after it was stored, which bounds the store where prompts do not come back (at most
-A x B x n responses for B prompts a step).
-"""
+"""Per-prompt replay (`replay.prompt_replay`, after RePO, arXiv 2506.09340): in the place of a fresh group with equal
+rewards, a history group of its prompt's n best-rewarded stored responses (ties: newest), each with its own
+behavior version and log-probs; it trains like a fresh group and is never buffered."""
 
 from __future__ import annotations
 
@@ -53,8 +42,7 @@ def sample_segment(group: Group, i: int) -> slice:
 
 
 class PromptStore:
-    """Per prompt (a digest of its token ids), the `per_prompt` most recent responses, usable for `max_age` steps.
-    The values are checked by `ReplayConfig`, which builds the store."""
+    """Per prompt (a digest of its token ids), the `per_prompt` most recent responses, usable for `max_age` steps."""
 
     def __init__(self, per_prompt: int, max_age: Optional[int] = None) -> None:
         self.per_prompt = per_prompt
@@ -66,8 +54,8 @@ class PromptStore:
         return sum(len(v) for v in self.store.values())
 
     def history_groups(self, fresh: list[Group]) -> list[Group]:
-        """One history group per fresh group with equal rewards whose prompt has at least n responses stored (from
-        earlier steps: call before `add_from` of this step), each stamped with its fresh group's arrival."""
+        """A history group per fresh group with equal rewards and at least n stored responses, stamped with its
+        arrival. Call before this step's `add_from`, so only earlier steps' responses are used."""
         out = []
         for group in fresh:
             stored = self.store.get(group.prompt_key, [])
@@ -80,8 +68,7 @@ class PromptStore:
         return out
 
     def add_from(self, groups: list[Group], step: int) -> int:
-        """Stores the responses the groups' own policy generated; drops those past `max_age`. Returns how many
-        were stored."""
+        """Stores the responses the groups' own policy generated, drops those past `max_age`; returns how many."""
         stored = 0
         for group in groups:
             own = (group.versions == group.version).nonzero().flatten().tolist()
@@ -122,8 +109,7 @@ class PromptStore:
 
 
 def history_group(fresh: Group, picks: list[StoredResponse]) -> Group:
-    """A group of the stored responses `picks` ([n]) to the prompt of `fresh`: fresh's prompt and per-prompt
-    fields, each response's own tokens, log-probs, reward, version and per-sample fields, uid `fresh.uid:history`."""
+    """The group of stored `picks` ([n]) under fresh's prompt and uid + `:history`, each with its own fields."""
     versions = torch.tensor([s.version for s in picks], dtype=torch.int64)
     uid = fresh.uid + HISTORY_SUFFIX
     non_tensors = {}
@@ -138,16 +124,11 @@ def history_group(fresh: Group, picks: list[StoredResponse]) -> Group:
                 values[i] = s.non_tensors[key]
         non_tensors[key] = values
     return Group(
-        uid=uid,
-        version=int(versions.max()),
-        prompt_ids=fresh.prompt_ids.clone(),
+        uid=uid, version=int(versions.max()), prompt_ids=fresh.prompt_ids.clone(),
         response_ids=torch.cat([s.response_ids for s in picks]).to(torch.int32),
         response_mask=torch.cat([s.response_mask for s in picks]).bool(),
         lengths=torch.tensor([s.length for s in picks], dtype=torch.int32),
         rollout_log_probs=torch.cat([s.rollout_log_probs for s in picks]).float(),
         rewards=torch.tensor([s.reward for s in picks], dtype=torch.float32),
-        non_tensors=non_tensors,
-        arrival_step=fresh.arrival_step,
-        seq=fresh.seq,
-        sample_versions=versions,
+        non_tensors=non_tensors, arrival_step=fresh.arrival_step, seq=fresh.seq, sample_versions=versions,
     )

@@ -1,9 +1,5 @@
-"""Variance-guided chi-square score of candidate samples and groups, the first design
-(docs/algorithm.md, 'The first design: the chi2 score').
-
-chi2(pi || mu) = Var_mu(pi / mu): the importance weight's variance, which an importance-sampled
-gradient's variance grows with. A low score means the sample is distribution-matched.
-"""
+"""chi2(pi || mu) = Var_mu(pi / mu) scores of samples and groups (docs/algorithm.md, 'the chi2 score'): the
+importance weight's variance, which an importance-sampled gradient's variance grows with."""
 
 from __future__ import annotations
 
@@ -21,14 +17,12 @@ def finite_samples(response_mask: torch.Tensor, *log_probs: torch.Tensor) -> tor
     return ok
 
 
-def sample_chi2(
-    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, chunk_rows: int = 64
-) -> torch.Tensor:
+def sample_chi2(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor,
+                chunk_rows: int = 64) -> torch.Tensor:
     """[B] mean over each sample's response tokens of (w - 1)^2, w = exp(clamp(log pi_old - log mu, +-20)).
 
-    All inputs [B, L]. Samples with no response token, or a non-finite log-prob at one, score +inf
-    (never eligible) instead of NaN. Works through `chunk_rows` rows at a time, in place, so the
-    working set stays in cache: a candidate set is up to K times a training batch.
+    Inputs [B, L]. A sample with no response token or a non-finite log-prob scores +inf, not NaN. Works in place
+    on `chunk_rows` rows at a time so the working set stays in cache (candidates are up to K training batches).
     """
     if not (old_log_probs.shape == rollout_log_probs.shape == response_mask.shape):
         raise ValueError(

@@ -25,12 +25,8 @@ class Selection:
 
 
 def group_multiple(n: int, ppo_mini_batch_size: int, dp_size: int) -> int:
-    """Smallest number of groups the workers accept: a multiple of it must be selected.
-
-    verl splits a step's n * groups samples into mini-batches of `ppo_mini_batch_size * n` and
-    shards them over `dp_size` ranks, so the group count must divide by `ppo_mini_batch_size`
-    and n * groups by `dp_size`.
-    """
+    """The group count must be a multiple of this: verl cuts n * groups samples into mini-batches of
+    `ppo_mini_batch_size * n` and shards them over `dp_size` ranks."""
     for name, value in (("n", n), ("ppo_mini_batch_size", ppo_mini_batch_size), ("dp_size", dp_size)):
         if value < 1:
             raise ValueError(f"group_multiple: {name} must be >= 1, got {value}")
@@ -38,28 +34,14 @@ def group_multiple(n: int, ppo_mini_batch_size: int, dp_size: int) -> int:
     return math.lcm(ppo_mini_batch_size, per_dp)
 
 
-def select_groups(
-    budget: int,
-    versions: torch.Tensor,
-    arrival: torch.Tensor,
-    multiple: int = 1,
-    min_multiple: Optional[int] = None,
-    order: str = "newest",
-    reuse: Optional[torch.Tensor] = None,
-    fresh: Optional[torch.Tensor] = None,
-    extra: Optional[int] = None,
-) -> Selection:
-    """Fills the group budget.
-
-    versions, arrival: [G] ints (behavior version, arrival order). order: "newest" (newest version first, then
-    arrival) or "least_reused" (needs reuse: [G] times trained; ties: newer version, then arrival).
-    Additive composition (`extra` not None, needs fresh: [G] bool): every fresh group first, then up to `extra`
-    non-fresh groups in `order`; the total rounds down to `multiple`, or up with more replayed groups when
-    rounding down would drop a fresh one and enough replayed groups exist. Without `extra` (fixed budget) all
-    candidates compete for `budget` in `order`. The count is rounded down to `multiple` (a full mini-batch); with
-    fewer groups than that, to `min_multiple` (what the workers accept as one smaller mini-batch; None: no
-    smaller batch is accepted).
-    """
+def select_groups(budget: int, versions: torch.Tensor, arrival: torch.Tensor, multiple: int = 1,
+                  min_multiple: Optional[int] = None, order: str = "newest", reuse: Optional[torch.Tensor] = None,
+                  fresh: Optional[torch.Tensor] = None, extra: Optional[int] = None) -> Selection:
+    """Fills the group budget. versions, arrival: [G]. order: "newest" (version, then arrival) or "least_reused"
+    (reuse: [G] times trained; ties: newer version, then arrival). With `extra` (fresh: [G] bool): every fresh
+    group, then up to `extra` others in `order`, rounded up with more replayed groups when rounding down would drop
+    a fresh one; else all compete for `budget`. The count rounds down to `multiple`, or when that is 0 to
+    `min_multiple` (one smaller mini-batch; None: not accepted)."""
     if budget < 1:
         raise ValueError(f"select_groups: budget must be >= 1, got {budget}")
     if multiple < 1:
@@ -105,26 +87,15 @@ def select_groups(
     return Selection(ranked[:take], len(ranked), cap, False)
 
 
-def select_for_step(
-    groups: "list[Group]",
-    fresh: "list[Group]",
-    replay: "ReplayConfig",
-    budget: int,
-    multiple: int,
-    min_multiple: Optional[int],
-) -> Selection:
-    """`select_groups` with the order and the additive ratio `replay` resolves to, over `groups` (candidates;
-    `fresh` are this step's, history groups included)."""
+def select_for_step(groups: "list[Group]", fresh: "list[Group]", replay: "ReplayConfig", budget: int, multiple: int,
+                    min_multiple: Optional[int]) -> Selection:
+    """`select_groups` over the candidates `groups` with `replay`'s order and ratio (`fresh`: this step's)."""
     ratio = replay.resolved("ratio")
     fresh_ids = {id(g) for g in fresh}
     return select_groups(
-        budget=budget,
-        versions=torch.tensor([g.version for g in groups]),
-        arrival=torch.tensor([g.seq for g in groups]),
-        multiple=multiple,
-        min_multiple=min_multiple,
-        order=replay.resolved("order"),
-        reuse=torch.tensor([g.times_trained for g in groups]),
+        budget=budget, versions=torch.tensor([g.version for g in groups]),
+        arrival=torch.tensor([g.seq for g in groups]), multiple=multiple, min_multiple=min_multiple,
+        order=replay.resolved("order"), reuse=torch.tensor([g.times_trained for g in groups]),
         fresh=torch.tensor([id(g) in fresh_ids for g in groups], dtype=torch.bool) if ratio is not None else None,
         extra=int(round(ratio * budget)) if ratio is not None else None,
     )

@@ -1,15 +1,13 @@
-"""The decisions of one D-ARL step, made once for the verl trainers and the study harness alike.
+"""The decisions of one D-ARL step, shared by the verl trainers and the study harness.
 
-    plan = step.plan(fresh, version, budget, multiple, min_multiple)    # candidates, selection, training order
-    ... old log-probs of plan.trained (the caller's forward) ...
-    step.record(plan, old_log_probs)                                    # pi_old of this version, per group
-    inputs = step.loss_inputs(plan, mask, old, rollout, ...)             # per-source weights, clip ranges
-    ... advantages and the update, calling step.loss (harness) or the actor's loss (trainers) per mini-batch ...
-    step.finish(plan)                                                   # reuse counts, insert, evict
+    plan = step.plan(fresh, version, budget, multiple, min_multiple)  # candidates, selection, training order
+    ... the caller's old-log-prob forward of plan.trained ...
+    step.record(plan, old_log_probs)                                  # pi_old of this version, per group
+    inputs = step.loss_inputs(plan, mask, old, rollout, ...)           # per-source weights, clip ranges
+    ... advantages; the update with step.loss (harness) or the actor's loss (trainers) ...
+    step.finish(plan)                                                 # reuse counts, insert, evict
 
-`ReplayStep(None)` is decoupled PPO, the baseline the study compares with: no buffer, every fresh group
-trained, each sample weighed against its own behavior policy with token-level truncated IS.
-The callers own only what differs between them: the forward passes and how a batch is laid out.
+`ReplayStep(None)` is decoupled PPO: no buffer, each sample weighed against its own behavior policy.
 """
 
 from __future__ import annotations
@@ -55,9 +53,8 @@ class ReplayStep:
 
     def plan(self, fresh: list[Group], version: int, budget: int, multiple: int,
              min_multiple: Optional[int]) -> StepPlan:
-        """Candidates (buffered groups in the window, then the fresh and history ones) and the selection: whole
-        mini-batches of `multiple` groups (one smaller one of `min_multiple` when fewer are eligible), in
-        `replay.order`, fresh first with `replay.ratio`. budget: B, the groups a step trains without replay."""
+        """Candidates and selection: whole mini-batches of `multiple` groups, or one of `min_multiple` when fewer are
+        eligible. budget: B, the groups a step trains without replay."""
         if self.buffer is None:
             picked = list(range(len(fresh)))
             return StepPlan(version, Selection(picked, len(fresh), budget, not fresh, "" if fresh else "no groups"),
@@ -70,8 +67,7 @@ class ReplayStep:
         return StepPlan(version, selection, [cands.candidates[i] for i in order], cands)
 
     def record(self, plan: StepPlan, old_log_probs: torch.Tensor) -> None:
-        """Stores log pi_old ([N, L], the trained groups' samples in order) in each group as this version's, for the
-        pmis denominators of later steps."""
+        """Stores log pi_old ([N, L], trained samples in order) in each group for later steps' pmis denominators."""
         if self.buffer is None:
             return
         start = 0
@@ -82,8 +78,8 @@ class ReplayStep:
     def loss_inputs(self, plan: StepPlan, response_mask: torch.Tensor, old_log_probs: torch.Tensor,
                     rollout_log_probs: torch.Tensor, threshold: float, clip_low: float, clip_high: float,
                     minibatch_index: torch.Tensor) -> LossInputs:
-        """Weights of the trained samples ([B, L] tensors in `plan.trained` order; minibatch_index: [B], the
-        optimizer mini-batch of each sample). threshold: C of truncated IS; clip_low/high: PPO's eps."""
+        """Weights of the trained samples ([B, L], `plan.trained` order; minibatch_index: [B]). threshold: C of
+        truncated IS; clip_low/high: PPO's eps."""
         versions = torch.cat([g.versions for g in plan.trained])
         c = self.config
         behavior = c.resolved_behavior_weight if c is not None else "own"
@@ -98,8 +94,7 @@ class ReplayStep:
     def loss(self, log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
              response_mask: torch.Tensor, inputs: LossInputs, rows: torch.Tensor, threshold: float,
              clip_ratio_c: float = 3.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The D-ARL loss of one mini-batch: rows ([b]) index the trained samples; the other tensors are [b, L].
-        The trainers' actor computes the same loss from the fields the trainer puts in its batch."""
+        """The D-ARL loss of one mini-batch (as the trainers' actor computes it); rows: [b], other tensors [b, L]."""
         c = self.config
         w = inputs.weights
         return darl_policy_loss(

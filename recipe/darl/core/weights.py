@@ -1,10 +1,7 @@
-"""Behavior weights and source weights of the multi-behavior objective (docs/algorithm.md, 'Multi-behavior weights').
+"""Behavior and source weights of the multi-behavior objective (docs/algorithm.md, 'Multi-behavior weights').
 
-The driver calls `batch_weights` once per step on the selected batch. It returns, per token,
-the log of the behavior density rho divides by (`log_denominator`) and the coefficient
-alpha_v / tokens(S_v) of the token's source within its mini-batch (`token_coef`). Both are
-constants the loss reads, so the loss is a plain sum over tokens and does not depend on how
-the engine cuts micro-batches.
+`batch_weights` runs once per step and gives per token the log of rho's denominator and alpha_v / tokens(S_v) of
+the token's source in its mini-batch: constants, so the loss is a plain sum independent of micro-batch cuts.
 """
 
 from __future__ import annotations
@@ -41,18 +38,12 @@ def truncated_log_rho(log_target: torch.Tensor, log_denominator: torch.Tensor, t
     return (log_target - log_denominator).clamp(-LOG_RATIO_BOUND, math.log(threshold))
 
 
-def behavior_log_denominator(
-    versions: torch.Tensor,
-    rollout_log_probs: torch.Tensor,
-    recorded: Optional[RecordedLogProbs],
-    mode: Literal["own", "pmis"],
-) -> torch.Tensor:
-    """[B, L] log of sum_{j in A_i} beta_j q_j per token; `own` is log mu_{v_i}.
+def behavior_log_denominator(versions: torch.Tensor, rollout_log_probs: torch.Tensor,
+                             recorded: Optional[RecordedLogProbs], mode: Literal["own", "pmis"]) -> torch.Tensor:
+    """[B, L] log sum_{j in A_i} beta_j q_j per token; `own` is log mu_{v_i} (A_i = {v_i}).
 
-    versions: [B] behavior version of each selected sample; rollout_log_probs: [B, L] log mu_{v_i};
-    recorded: proximal log-probs at later versions j. A_i = {v_i} plus the recorded versions that
-    generated selected samples; beta_j = n_j / sum_{k in A_i} n_k with n_j the selected samples of j.
-    With A_i = {v_i} this is `own` (reduction R2).
+    versions: [B]; rollout_log_probs: [B, L] log mu_{v_i}; recorded: log-probs at later versions j. A_i = {v_i}
+    plus the recorded versions that generated selected samples; beta_j = n_j / sum_{k in A_i} n_k (n_j selected).
     """
     if mode == "own":
         return rollout_log_probs
@@ -94,33 +85,25 @@ def m2_gate(log_w: torch.Tensor, keep: torch.Tensor, budget: float) -> torch.Ten
     return out.view(keep.shape)
 
 
-def clip_ranges(
-    versions: torch.Tensor, step: int, clip_low: float, clip_high: float, clip_decay: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def clip_ranges(versions: torch.Tensor, step: int, clip_low: float, clip_high: float,
+                clip_decay: float) -> tuple[torch.Tensor, torch.Tensor]:
     """[B] per-sample clip ranges: verl's clip_ratio_low/high times clip_decay ** (step - v)."""
     factor = torch.pow(torch.tensor(float(clip_decay), dtype=torch.float64), (step - versions).double()).float()
     return clip_low * factor, clip_high * factor
 
 
 def batch_weights(
-    response_mask: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    rollout_log_probs: torch.Tensor,
-    versions: torch.Tensor,
-    behavior_weight: Literal["own", "pmis"],
-    source_weight: Literal["ess", "tokens"],
-    threshold: float,
-    recorded: Optional[RecordedLogProbs] = None,
-    minibatch_index: Optional[torch.Tensor] = None,
+    response_mask: torch.Tensor, old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+    versions: torch.Tensor, behavior_weight: Literal["own", "pmis"], source_weight: Literal["ess", "tokens"],
+    threshold: float, recorded: Optional[RecordedLogProbs] = None, minibatch_index: Optional[torch.Tensor] = None,
     m2_budget: Optional[float] = None,
 ) -> BatchWeights:
     """The loss's per-token constants for a selected batch.
 
-    response_mask, old_log_probs (log pi_old), rollout_log_probs (log mu_v): [B, L]; versions: [B];
-    minibatch_index: [B] mini-batch of each sample (None: one mini-batch). Samples with a NaN or
-    infinite log-prob at a response token get coefficient 0 and are counted, never propagated.
-    m2_budget: the second-moment gate (M2PO's idea): the tokens with the largest (log pi_old - log
-    denominator)^2 get coefficient 0, largest first, until the mean over the rest is <= m2_budget.
+    response_mask, old_log_probs (log pi_old), rollout_log_probs (log mu_v): [B, L]; versions, minibatch_index: [B]
+    (None: one mini-batch). Samples with a non-finite log-prob at a response token get coefficient 0 (counted).
+    m2_budget (M2PO's gate): the tokens of largest (log pi_old - log denominator)^2 get coefficient 0 until the
+    mean over the rest is <= m2_budget.
     """
     shape = tuple(response_mask.shape)
     for name, t in (("old_log_probs", old_log_probs), ("rollout_log_probs", rollout_log_probs)):
@@ -185,13 +168,8 @@ def batch_weights(
 
     valid_tokens = int(keep.sum())
     return BatchWeights(
-        log_denominator=log_denominator,
-        token_coef=token_coef.to(old_log_probs.dtype),
-        valid=valid,
-        sources=sources.tolist(),
-        alpha=alpha.float(),
-        ess=ess.float(),
-        tokens=tokens.float(),
+        log_denominator=log_denominator, token_coef=token_coef.to(old_log_probs.dtype), valid=valid,
+        sources=sources.tolist(), alpha=alpha.float(), ess=ess.float(), tokens=tokens.float(),
         truncated_fraction=float(truncated) / max(valid_tokens, 1),
         metrics={"invalid_samples": float((~valid).sum()), "valid_tokens": float(valid_tokens),
                  "m2_gated_fraction": float(gated.sum()) / max(valid_tokens + int(gated.sum()), 1)},

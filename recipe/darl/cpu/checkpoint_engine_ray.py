@@ -1,25 +1,11 @@
 """Weight sync trainer -> rollout through Ray's object store: verl checkpoint engine "ray_object_store".
 
-For machines without NCCL (CPU): ``actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store``
-and ``...checkpoint_engine.custom_backend_module=recipe.darl.cpu.rollout`` (verl imports that module in the
-trainer workers, the rollout workers and the task runner before looking the backend up; the package
-imports this module, which registers the backend, and registers verl's vLLM rollout on CPU beside it).
-
-The protocol is verl's (`verl/checkpoint_engine/base.py`, `CheckpointEngineManager.update_weights`):
-every worker `prepare`s, the class `build_topology`s, every worker `init_process_group`s, then the
-trainer workers `send_weights` while the rollout workers `receive_weights` (handing the stream to their
-server adapter), then every worker `finalize`s.
-
-How the bytes travel: trainer rank 0 (the master) packs the (name, full tensor) stream into buckets of
-``update_weights_bucket_megabytes``, one uint8 array per bucket, `ray.put`s each and posts
-(metadata, object ref) to a small channel actor it owns. Every rollout worker reads the same sequence
-of posts from the channel and fetches the buckets from the object store (zero-copy on the same node),
-then yields views into them. Other trainer ranks walk the stream without sending (producing a full
-tensor is collective over the trainer group). The master keeps at most ``max_inflight_buckets``
-buckets ahead of the slowest receiver, then frees what all receivers acknowledged.
-
-Engine kwargs (``checkpoint_engine.engine_kwargs.ray_object_store``): ``max_inflight_buckets`` (2),
-``timeout_s`` (600: a receiver waiting longer for the next bucket fails instead of hanging).
+For machines without NCCL (CPU): ``checkpoint_engine.backend=ray_object_store`` with
+``checkpoint_engine.custom_backend_module=recipe.darl.cpu.rollout``, whose import registers this backend. Trainer
+rank 0 packs the weight stream into buckets of ``update_weights_bucket_megabytes``, `ray.put`s each and posts its ref
+to a channel actor; rollout workers fetch the buckets in order (zero-copy on the same node) and yield views into
+them. Other trainer ranks only walk the stream (producing a full tensor is collective). Engine kwargs:
+``max_inflight_buckets`` (2) ahead of the slowest receiver, ``timeout_s`` (600) for every wait.
 """
 
 from __future__ import annotations
@@ -52,10 +38,8 @@ def bucket_channel_class():
     import asyncio
 
     class BucketChannel:
-        """Ray actor (async, no resources): the ordered list of bucket posts of one sync, per sync id.
-
-        Posts hold the bucket's object ref inside a list, so Ray passes the reference, not the bytes.
-        """
+        """Ray actor (async, no resources): the ordered bucket posts of each sync. A post holds its object ref
+        inside a list, so Ray passes the reference, not the bytes."""
 
         def __init__(self):
             self._syncs: dict[str, dict[str, Any]] = {}
@@ -135,8 +119,6 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
             self.channel = ray.remote(num_cpus=0)(bucket_channel_class()).remote()
         return self.channel
 
-    # ------------------------------------------------------------------ topology
-
     def prepare(self) -> dict[str, Any]:
         """The master creates its channel (once) and names this sync; the others report nothing."""
         if not self.is_master:
@@ -175,8 +157,6 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
             self.channel.clear.remote(self.sync_id)  # fire and forget: every receiver is done by now
         self.sync_id = None
         self.rank = None
-
-    # ------------------------------------------------------------------ transfer
 
     async def send_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
                            global_steps: Optional[int] = None) -> dict[str, float]:

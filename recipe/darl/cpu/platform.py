@@ -1,38 +1,17 @@
 """A verl platform plugin that runs verl 0.9.1's FSDP2 engines on CPU (device "cpu", gloo).
 
-Active only when the environment variable ``VERL_PLATFORM=cpu`` is set. Without it, importing this
-module changes nothing: no platform is registered, no environment variable is set, nothing is
-patched, and verl's platform auto-detection is exactly as shipped.
+Active only with ``VERL_PLATFORM=cpu`` set before Ray starts (workers inherit it); otherwise importing it changes
+nothing. The ``verl.plugins`` entry point loads it in every process that imports verl.
 
-It loads in every process that imports verl (driver and Ray workers) through the setuptools entry
-point ``verl.plugins: darl_cpu = recipe.darl.cpu.platform`` (setup.py), which ``verl/__init__.py``
-imports. ``VERL_USE_EXTERNAL_MODULES=recipe.darl.cpu.platform`` works too where the package is not
-installed. ``VERL_PLATFORM`` must be in the environment before Ray starts (Ray workers inherit the
-driver's environment), and verl then selects the platform by that name
-(``verl/plugin/platform/platform_manager.py::_detect_platform_name``).
-
-Stock verl 0.9.1 needs ten changes to run on CPU, numbered here (the code and tests cite them by number).
-What this module does when active:
-
-1. registers ``PlatformCPU`` as "cpu" with verl's ``PlatformRegistry``: device "cpu", backend gloo,
-   Ray resource CPU; ``auto_set_device`` then keeps ``trainer.device=cpu``;
-2. ``initialize_global_process_group_ray`` gets the plain backend "gloo" (a patch: verl builds
-   ``"cpu:gloo,<device>:<backend>"``, which torch refuses as ``"cpu:gloo,cpu:gloo"``);
-3. sets ``VERL_ENGINE_DEVICE=cuda`` (verl's own override in ``EngineRegistry.get_engine_cls``) so the
-   FSDP engines, registered only for cuda/npu, are found; they place tensors with the platform's device;
+Stock verl 0.9.1 needs ten changes to run on CPU, cited by number in the code and tests. Done here when active:
+1. ``PlatformCPU`` is registered as "cpu" (device "cpu", gloo, Ray resource CPU), so ``trainer.device=cpu`` is kept;
+2. ``initialize_global_process_group_ray`` defaults to plain "gloo" (torch refuses verl's "cpu:gloo,cpu:gloo");
+3. ``VERL_ENGINE_DEVICE=cuda``, so the FSDP engines (registered for cuda/npu only) are found;
 6. the current device is the string "cpu", not an accelerator index;
-7. the device module answers ``get_device_name()`` ("CPU", which verl's FLOPs table knows) and the
-   memory queries verl logs (0 for accelerator memory);
-8. FSDP2's ``CPUOffloadPolicy`` never pins memory (a patch: verl hard-codes ``pin_memory=True`` for
-   forward-only engines such as the reference policy, and pinning needs an accelerator).
-
-Points 4, 5, 9 and 10 are configuration: ``cpu_overrides()`` returns them as Hydra overrides:
-
-4. ``attn_implementation`` defaults to flash_attention_2: ``sdpa``;
-5. ``strategy=fsdp`` (FSDP1) fails on CPU (``sync_module_states``): ``fsdp2``;
-9. ``use_torch_compile`` works but adds about 20 s: off;
-10. Ray's resource check counts only GPUs/NPUs: Ray starts with logical GPUs covering the trainer and rollout
-    processes, and enough logical CPUs (the one-step-off task runner asks for 10).
+7. the device module answers ``get_device_name()`` ("CPU") and the memory queries verl logs;
+8. FSDP2's ``CPUOffloadPolicy`` never pins memory (pinning needs an accelerator).
+Configuration, from ``cpu_overrides()``: 4. ``attn_implementation=sdpa``; 5. ``strategy=fsdp2`` (FSDP1 fails on
+CPU); 9. no torch.compile (it adds ~20 s); 10. logical GPUs for Ray (verl's resource check counts only GPUs).
 """
 
 from __future__ import annotations
@@ -55,10 +34,8 @@ ENV_VAR = "VERL_PLATFORM"
 def cpu_overrides(ray_gpus: int, ray_cpus: int = 16, fp32: bool = True) -> list[str]:
     """Hydra overrides of verl's trainer config for a CPU run (points 1, 4, 5, 9 and 10 of the module docstring).
 
-    ray_gpus: logical GPUs for Ray, at least the trainer plus rollout processes (verl's
-    ResourcePoolManager counts only GPUs before it places workers, which then ask for CPUs);
-    ray_cpus: logical CPUs (the one-step-off task runner alone asks for 10);
-    fp32: compute in fp32 (verl's default mixed precision casts parameters to bf16, slow on most CPUs).
+    ray_gpus: logical GPUs for Ray, at least the trainer plus rollout processes (verl counts only GPUs before placing);
+    ray_cpus: logical CPUs (the one-step-off task runner asks for 10); fp32: no bf16 mixed precision (slow on CPUs).
     """
     overrides = [
         "trainer.device=cpu",  # 1: kept as is by auto_set_device on this platform
@@ -82,12 +59,7 @@ def is_requested() -> bool:
 
 
 class _CPUDeviceModule(ModuleType):
-    """``torch.cpu`` plus the accelerator calls verl makes on ``get_torch_device()``.
-
-    verl treats the platform's device module like ``torch.cuda``: it asks for the device name (the
-    MFU counter), memory statistics (logged every step), RNG state and cache control. ``torch.cpu``
-    has none of these; on CPU they have trivial answers. Anything else is looked up on ``torch.cpu``.
-    """
+    """``torch.cpu`` plus the accelerator calls verl makes on ``get_torch_device()`` (name, memory, RNG, cache)."""
 
     def __init__(self):
         super().__init__("verl_cpu_device_module", doc=self.__class__.__doc__)
@@ -251,13 +223,8 @@ class PlatformCPU(PlatformBase):
 
 
 def _patch_process_group_backend() -> None:
-    """Point 2: verl's Ray workers ask for the backend "cpu:gloo,<device>:<backend>".
-
-    On CPU that is "cpu:gloo,cpu:gloo", which torch.distributed refuses ("Duplicate device type cpu").
-    No hook selects the string, so the default of ``initialize_global_process_group_ray`` becomes
-    plain "gloo"; an explicit backend (the checkpoint engine passes "cpu:gloo") is kept. Modules that
-    import the function by name (engine_workers) are imported after verl's plugins, so they get this one.
-    """
+    """Point 2: the default backend becomes plain "gloo" (torch refuses verl's "cpu:gloo,cpu:gloo"); an explicit one
+    is kept. Modules importing the function by name (engine_workers) load after verl's plugins, so get this one."""
     import verl.utils.distributed as distributed
 
     original = distributed.initialize_global_process_group_ray
@@ -274,11 +241,8 @@ def _patch_process_group_backend() -> None:
 
 
 def _patch_cpu_offload_pin_memory() -> None:
-    """Point 8: verl builds ``CPUOffloadPolicy(pin_memory=True)`` for every forward-only FSDP2 engine.
-
-    Pinning host memory needs an accelerator ("Cannot access accelerator device when none is
-    available"), and no config key turns it off, so on this platform the policy never pins.
-    """
+    """Point 8: verl hard-codes ``CPUOffloadPolicy(pin_memory=True)`` for forward-only FSDP2 engines, and pinning
+    needs an accelerator; no config key turns it off, so here the policy never pins."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     original = CPUOffloadPolicy.__init__

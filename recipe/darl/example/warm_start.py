@@ -1,9 +1,5 @@
 """Supervised warm-start of the tiny model on the arithmetic task, so RL starts neither hopeless nor perfect.
-
-Accuracy stays near 0 for a few hundred steps and then jumps within 50-100 steps,
-so a fixed step count is unreliable: training stops at the first evaluation whose greedy accuracy
-reaches `target` (default 0.25).
-"""
+Accuracy jumps suddenly after a few hundred steps, so training stops once greedy accuracy reaches `target`."""
 
 from __future__ import annotations
 
@@ -57,17 +53,9 @@ def greedy_accuracy(model, tokenizer, problems: list[tuple[int, int]], max_new_t
 
 
 def warm_start(
-    model_dir: str,
-    train_problems: list[tuple[int, int]],
-    eval_problems: list[tuple[int, int]],
-    target: float = 0.25,
-    lr: float = 1e-3,
-    batch_size: int = 64,
-    eval_every: int = 25,
-    max_steps: int = 3000,
-    seed: int = 0,
-    max_new_tokens: int = 32,
-    log=print,
+    model_dir: str, train_problems: list[tuple[int, int]], eval_problems: list[tuple[int, int]], target: float = 0.25,
+    lr: float = 1e-3, batch_size: int = 64, eval_every: int = 25, max_steps: int = 3000, seed: int = 0,
+    max_new_tokens: int = 32, log=print,
 ) -> WarmStartResult:
     """Teacher-forced training on prompt -> `solution_text`, saved back into `model_dir`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -2,23 +2,15 @@
 
     python -I _runner.py        (started by code_reward.Candidate; standard library only)
 
-Protocol, one JSON document per line: the parent writes a header on stdin, {"code", "kind": "stdin" | "call",
-"name" (the function a "call" program defines), "memory_mb", "cpu_s", "sandbox": {"level", "root", "uid", "keep"}};
-the child answers {"ready": level} (or {"error": ...}) and then one answer per request:
-- {"stdin": text} -> {"stdout": text, "exit": code}: the program run as a script with `text` on file descriptor 0;
-- {"args": [...]} -> {"value": v} or {"error": name}: the named function (or `Solution().<name>`) called on them.
-Arguments and return values travel in the tagged encoding below and must be plain Python values (exact types: a
-subclass of int whose __eq__ always holds is refused here and could not be rebuilt in the parent anyway). The
-parent compares what comes back with the expected outputs, which this process never sees.
+Protocol, one JSON document per line. The parent writes a header, {"code", "kind": "stdin" | "call", "name",
+"memory_mb", "cpu_s", "sandbox": {"level", "root", "uid", "keep"}}; the child answers {"ready": level} (or
+{"error": ...}), then one answer per request: {"stdin": text} -> {"stdout": text, "exit": code}, or {"args": [...]}
+-> {"value": v} | {"error": name} for the named function (or `Solution().<name>`). Values travel in the tagged
+encoding of `encode` (exact plain types only). The expected outputs never reach this process.
 
-Isolation (sandbox.level, chosen by the parent):
-- "namespaces": new mount, network, PID, IPC and UTS namespaces (and a user namespace when not started as root),
-  a new root holding only read-only binds of the system and interpreter folders, a private 16 MiB /tmp as the
-  working folder, no /proc; as root, then a uid of its own (so RLIMIT_NPROC counts this sandbox only);
-- "limits": resource limits, a uid of its own when started as root, and a guard that disables process creation,
-  sockets, file deletion and writes outside the working folder (HumanEval's harness guards the same way; code
-  that means to can undo an in-process guard, the namespaces cannot be undone).
-Both: address space `memory_mb`, CPU seconds, 16 MiB per file, no core dumps, at most 32 processes.
+Isolation: "namespaces" (new namespaces, a read-only root of the system and interpreter folders, a private /tmp,
+no /proc) or "limits" (an in-process guard against new processes, sockets, deletions and writes elsewhere, which
+code that means to can undo). Both add resource limits and, under root, a uid of its own.
 """
 
 import ctypes
@@ -40,8 +32,6 @@ PRELUDE = (  # what LiveCodeBench-style and HumanEval solutions commonly assume 
 )
 FILE_BYTES = 16 * 1024 * 1024
 MAX_PROCESSES = 32
-
-# --------------------------------------------------------------------------- values
 
 
 def encode(value, depth: int = 0):
@@ -74,8 +64,6 @@ def decode(data):
         return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](decode(v) for v in items)
     return data
 
-
-# --------------------------------------------------------------------------- isolation
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -216,9 +204,6 @@ def _world_traversable(path: str) -> bool:
         if path == "/":
             return True
         path = os.path.dirname(path)
-
-
-# --------------------------------------------------------------------------- running the program
 
 
 def run_script(program, text: str) -> dict:

@@ -1,22 +1,10 @@
 """Code answers (HumanEval, LiveCodeBench) scored with the verdict outside the model's reach.
 
-The model's program runs in a sandboxed child (`_runner.py`, see its docstring for the isolation levels) that only
-produces outputs: the program's stdout for stdin-style tasks, plain return values for function-style ones. Every
-comparison with an expected output happens here, in the caller's process, which the program cannot reach; the
-expected outputs never enter the child.
-
-- stdin (LiveCodeBench): each test's input on the program's stdin; its stdout compared line by line here.
-- functional (LiveCodeBench): the function called on each test's arguments; the value compared here.
-- assert (HumanEval): the task's own `check(candidate)` runs here, on the dataset's test code and prompt (trusted
-  text, never the model's); `candidate` is a proxy that sends each call's arguments to the child and returns the
-  plain value it computed, so every assert of every task (equality, tolerances, loops, helper functions) is decided
-  here on values the program cannot fake.
-Score: 1.0 when every test passed; 0.0 on a failed test, a timeout (`timeout_s` of wall clock for the whole
-program, the child's process group killed), a crash, a value that is not plain data, or no usable code.
-
-The isolation level is chosen on the first call and printed once: "namespaces" where the kernel allows them (no
-network, a read-only view of the system and the interpreter only, a private /tmp), else "limits". docs/rewards.md
-says what each protects against.
+The program runs in a sandboxed child (`_runner.py`) that only returns outputs; every comparison with an expected
+output happens here, out of the program's reach. stdin tasks compare stdout line by line, functional tasks compare
+return values, and HumanEval's own `check(candidate)` runs here with `candidate` a proxy that calls the child.
+Score: 1.0 when every test passed; 0.0 on a failed test, a timeout (`timeout_s` for the whole program), a crash, a
+value that is not plain data, or no usable code. The isolation level is printed once (docs/rewards.md).
 
 Ground truth: a JSON string (one parquet column type for every code dataset):
   {"kind": "assert", "test": "<def check(candidate): ...>", "entry_point": "f", "prompt": "<signature + docstring>"}
@@ -160,9 +148,6 @@ def _announce(level: str) -> None:
         if level not in _announced:
             _announced.add(level)
             print(f"[D-ARL] code reward sandbox: {level}", flush=True)
-
-
-# --------------------------------------------------------------------------- verdicts, decided here
 
 
 def outputs_match(got: str, expected: str) -> bool:

@@ -1,12 +1,8 @@
 """Math answers checked with `math-verify` (GSM8K, MATH, MATH-500, AIME24).
 
-The model is asked to put its final answer in `\\boxed{}`; a boxed answer is preferred, other
-final-answer forms math-verify recognises (`$...$`, "the answer is 72") are accepted as fallbacks.
-With Qwen3's thinking mode, only the text after the last `</think>` counts.
-
-math-verify's own time limits use `signal.alarm`, which works only in the main thread; verl's reward
-manager calls reward functions from worker threads, so there the limits are switched off
-(`parsing_timeout=None`, `timeout_seconds=None`), as math-verify's documentation asks.
+A `\\boxed{}` answer is preferred, other final-answer forms are accepted; with Qwen3's thinking mode only the text
+after the last `</think>` counts. math-verify's time limits use `signal.alarm`, which works only in the main thread,
+so they are off in verl's reward worker threads.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Checkpoint files a kill cannot tear, and a resume that never loads a half-written checkpoint (docs/faults.md).
 
-The project's own checkpoint files (`darl_replay.pt`, the fully-async `darl_queue.pt`) are written by
-`write_checked`: serialized in memory, written with a one-line header carrying the payload's length and sha256
-to a temporary file in the same folder, fsynced, then renamed over the target (`os.replace`, atomic on POSIX),
-and the folder fsynced. A kill leaves the old file or the new one, never a mix; a temporary file left by a kill
-is never read (and is removed by the next write). `read_checked` verifies length and checksum and raises
-`CorruptCheckpointError` naming the file when they disagree (a truncated copy, a disk error).
-
-verl writes its own files (actor shards, `data.pt`) and, last, the tracker `latest_checkpointed_iteration.txt`
-(verl/trainer/ppo/ray_trainer.py `_save_checkpoint`), with plain `open("w")`. The trainers write the replay
-buffer (and queue) into `global_step_<t>/` before calling verl's save, so a checkpoint the tracker names always
-holds them; a kill before the tracker is written leaves a partial `global_step_<t>/` the tracker does not name,
-and `auto` resume takes the previous one. `check_resume` runs before verl's resume and turns the two states
-verl handles badly into a repair or a clear error:
-
-- a tracker emptied by a kill inside verl's `open("w")` / `write` (verl would die on `int('')`): every file of
-  that step was written before it, so the newest `global_step_<t>/` holding `data.pt` (verl's last file before
-  the tracker) is that step; the tracker is rewritten atomically with it, and the repair printed;
-- a tracker naming a folder that does not exist (verl would silently train from scratch and overwrite the
-  run): an error naming both.
+`write_checked` writes the project's files (`darl_replay.pt`, the fully-async `darl_queue.pt`) with a length and
+sha256 header to a fsynced temporary file, then `os.replace`s it over the target: a kill leaves the old file or the
+new one. `read_checked` verifies the header and raises `CorruptCheckpointError` naming the file. verl writes its
+tracker `latest_checkpointed_iteration.txt` last, with a plain `open("w")`; `check_resume` repairs a tracker emptied
+by a kill (the newest `global_step_<t>/` holding `data.pt`, verl's last file before the tracker) and refuses one
+naming a missing folder (verl would silently train from scratch and overwrite the run).
 """
 
 from __future__ import annotations
@@ -129,8 +116,6 @@ def read_checked(path: str) -> Any:
     return torch.load(io.BytesIO(payload), weights_only=False)
 
 
-# ---- the tracker and the step folders -------------------------------------------------------------------------------
-
 def step_folders(root: str) -> dict[int, str]:
     """{t: path} of the `global_step_<t>` folders under `root`."""
     if not os.path.isdir(root):
@@ -184,10 +169,8 @@ def check_resume(root: str, log: Callable[[str], None] = print) -> Optional[int]
 
 def rotate(root: str, keep: Optional[int], log: Callable[[str], None] = print,
            only: Optional[list[int]] = None) -> list[int]:
-    """After verl's tracker names the newest checkpoint: removes whole `global_step_<t>` folders older than the
-    `keep` newest at or below it (partial folders above it are left to be overwritten); with `only`, among those
-    steps alone (verl rotates the checkpoints its process saved, not those of earlier jobs). Returns the steps
-    removed."""
+    """After verl's tracker names the newest checkpoint: removes whole `global_step_<t>` folders older than the `keep`
+    newest at or below it (with `only`, among those steps alone); returns the steps removed."""
     if not keep or keep <= 0:
         return []
     try:
@@ -210,12 +193,9 @@ def rotate(root: str, keep: Optional[int], log: Callable[[str], None] = print,
 def guarded_verl_save(trainer, save: Callable[[], Any], step: int) -> Any:
     """Runs verl's `_save_checkpoint` (`save`) for step `step` with the checkpoint rotation moved after the tracker.
 
-    verl's rotation (`trainer.max_actor_ckpt_to_keep`) runs inside the actor save: with keep 1 the worker removes
-    the previous step's actor shards as soon as the new ones are written, before `data.pt` and the tracker, so a
-    kill in between leaves the tracker naming a step without weights. Here verl keeps everything, and once the
-    tracker names the new step, `rotate` removes the older folders this trainer saved, as verl would, but whole
-    (verl leaves their `data.pt` and buffer files behind). Probe points (recipe/darl/probes.py): `verl_save` (after the actor shards),
-    `after_save` (tracker written)."""
+    verl's own rotation removes the previous step's actor shards before `data.pt` and the tracker are written, so a
+    kill in between leaves the tracker naming a step without weights; here `rotate` runs once the tracker is
+    written. Probe points: `verl_save` (after the actor shards), `after_save` (tracker written)."""
     from omegaconf import open_dict
 
     from recipe.darl.probes import probe, probe_after

@@ -1,21 +1,10 @@
 """A reward function that raises or hangs, and rewards that are NaN or infinite (docs/faults.md, docs/metrics.md).
 
-`GuardedRewardManager` is verl's `naive` reward manager (verl/experimental/reward_loop/reward_manager/naive.py)
-with two additions, chosen by the D-ARL configs (`reward.reward_manager.source: importlib`, this module):
-
-- a time limit per call, `faults.reward_timeout_s` (null: none);
-- what a failure (an exception, or the time limit) does, `faults.reward_errors`:
-  `raise` (default): `RewardError` naming the reward function, the failure and the sample (data source, its
-  index in the data set when the row has `extra_info.index`, the ground truth, the response's start), which ends
-  the run; `zero`: the sample scores 0.0, one line is printed, and it is counted in `faults/reward_failed`.
-
-Every sample also carries `darl_reward_failed` (0.0 or 1.0) among its reward extra infos, which is how the
-trainer counts failures (`trainers/run_guard.py`, which then drops the field, so batches keep the fields that replay
-buffers saved without it hold). A timed-out call's thread cannot be stopped: it runs on in the
-reward worker (a reward that can hang should enforce its own limit too, as `recipe.darl.rewards` does for code).
-
-`RunGuardMixin._fit_compute_reward` (both trainers, trainers/run_guard.py) logs `faults/reward_failed` and replaces NaN or infinite
-rewards by 0.0, counting the samples in `faults/nonfinite_rewards`: one NaN reward would turn its whole GRPO group's
+`GuardedRewardManager` is verl's `naive` reward manager with a time limit per call (`faults.reward_timeout_s`) and
+a failure policy (`faults.reward_errors`): `raise` ends the run with a `RewardError` naming the function and the
+sample; `zero` scores the sample 0.0 and prints a line. Every sample carries `darl_reward_failed` (0.0 or 1.0), which
+`RunGuardMixin` (trainers/run_guard.py) counts as `faults/reward_failed` and drops. A timed-out call's thread cannot
+be stopped and runs on. `sanitize_rewards` replaces NaN/inf rewards by 0.0: one NaN would turn a whole GRPO group's
 advantages, and then the update, into NaN.
 """
 

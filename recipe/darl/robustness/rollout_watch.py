@@ -1,13 +1,9 @@
 """A dead or hung rollout server stops the run with an error naming it and the step (docs/faults.md).
 
-A server actor that dies (OOM kill, crash, lost node) fails its pending `generate` calls with Ray's
-`ActorDiedError` as soon as Ray sees the process gone; verl passes that up through the agent loop as a long
-traceback that names neither the step nor what to do. A server that hangs (a wedged engine, a deadlocked
-kernel) fails nothing: verl waits forever. `guard_generation` bounds the wait by `faults.generation_timeout_s`
-and, on either failure, asks every rollout server for a trivial answer (`__ray_call__`, which any Ray actor
-serves, vLLM's included) and raises `RolloutServerError` listing each server as alive, dead or not answering.
-`guard_weight_sync` does the same for a blocking weight sync, which a server killed inside it leaves waiting
-forever: the waiting sender is alive, so Ray raises nothing.
+A dead server fails the pending calls with a long traceback that names neither the step nor what to do; a hung one
+fails nothing and verl waits forever (also in a blocking weight sync). The guards bound the wait by
+`faults.generation_timeout_s` and, on a failure, ping every server (`__ray_call__`, served by any Ray actor) to raise
+`RolloutServerError` listing each as alive, dead or not answering.
 """
 
 from __future__ import annotations
@@ -74,8 +70,7 @@ def generation_timeout(config) -> Optional[float]:
 
 async def guard_generation(work: Awaitable, *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
                            addresses: Sequence[str]) -> Any:
-    """Awaits `work` (a batch's generation); a timeout or a dead server raises `RolloutServerError` naming `what`
-    (the step) and the state of every server."""
+    """Awaits `work` (a batch's generation); a timeout or a dead server raises `RolloutServerError` naming `what`."""
     import ray
 
     t0 = time.time()
@@ -113,9 +108,8 @@ def _sync_failure(what: str, states: list[str], t0: float, timeout_s: Optional[f
 
 def guard_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
                       addresses: Sequence[str], poll_s: Optional[float] = None) -> Any:
-    """Runs the blocking `sync()` (verl's weight sync) in a daemon thread and returns its result or raises its
-    error; while it runs, every `poll_s` s, a server found DEAD or a sync past `timeout_s` raises
-    `RolloutServerError` naming `what` (the step) and each server's state. The abandoned thread dies with the run."""
+    """Runs the blocking `sync()` in a daemon thread; every `poll_s` s, a server found DEAD or a sync past `timeout_s`
+    raises `RolloutServerError` naming `what` and each server's state. An abandoned thread dies with the run."""
     finished = threading.Event()
     outcome: dict[str, Any] = {}
 
@@ -140,7 +134,6 @@ def guard_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional
     return outcome.get("value")
 
 
-
 def watch_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
                       addresses: Sequence[str]) -> Any:
     """`guard_weight_sync`, and a Ray error from a server that died before or during the sync (the sync, not a
@@ -157,10 +150,10 @@ def watch_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional
               flush=True)
         raise server_error(what, f"a rollout server died ({type(e).__name__})", states) from e
 
+
 async def guard_weight_sync_async(work: Awaitable, *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
                                   addresses: Sequence[str], poll_s: Optional[float] = None) -> Any:
-    """`guard_weight_sync` for a sync that is a coroutine (fully-async's): the same checks, on the caller's loop; the
-    sync is cancelled when they end the wait."""
+    """`guard_weight_sync` for a coroutine sync (fully-async's), on the caller's loop; cancelled when a check fails."""
     task = asyncio.ensure_future(work)
     poll_s = SYNC_POLL_S if poll_s is None else poll_s
     t0 = time.time()

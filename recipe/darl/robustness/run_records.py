@@ -1,22 +1,9 @@
 """What a relaunched job keeps of the launches before it (docs/faults.md, "What a relaunch keeps").
 
-A job killed and launched again with the same command resumes from its checkpoint (`trainer.resume_mode=auto`).
-Its records would not survive on their own: verl's `file` logger opens its jsonl file with mode "wb", erasing the
-earlier launch's metrics, and verl's wandb logger starts a new wandb run on every launch. `keep_run_records`, called
-in the driver before Ray starts (so before any tracker exists), handles both:
-
-- metrics file: where verl's `FileLogger` will write (`VERL_FILE_LOGGER_PATH`, else
-  `$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`, the root `.` by default), an earlier launch's non-empty
-  file is renamed to `<stem>.<NNN><suffix>` beside it (001 for the first launch, 002 for the second, ...), and the
-  new launch writes the usual name. `sorted()` of `<stem>*<suffix>` lists the files in launch order (digits sort
-  before the suffix's letters); `launch_files` returns them so.
-- wandb: a run id kept in `<trainer.default_local_dir>/wandb_run_id`, made on the first launch (8 lowercase letters
-  and digits, as wandb makes them) and exported as `WANDB_RUN_ID`, with `WANDB_RESUME=allow`, which wandb.init
-  reads; the resumed launch then logs into the same wandb run. A launch that will not resume (resume_mode `disable`,
-  or `auto` without a checkpoint tracker) starts a new run with a new id: its steps would restart at 1, and wandb
-  ignores steps below a run's last. A `WANDB_RUN_ID` set by the user is left alone. The two variables also go into
-  `ray_kwargs.ray_init.runtime_env.env_vars`, since verl creates its trackers inside Ray actors, whose environment
-  on a cluster started with `ray start` is not the driver's.
+verl's `file` logger opens its jsonl file with mode "wb" and its wandb logger starts a new run on every launch.
+`keep_run_records` (in the driver, before Ray) renames an earlier launch's metrics file to `<stem>.<NNN><suffix>`
+beside it (`sorted()` gives launch order) and exports `WANDB_RUN_ID` (kept in `<default_local_dir>/wandb_run_id`, new
+when the launch will not resume) with `WANDB_RESUME=allow`, also to Ray's workers, where verl creates its trackers.
 """
 
 from __future__ import annotations
@@ -43,8 +30,7 @@ def _loggers(config: DictConfig) -> list[str]:
 
 
 def file_logger_path(config: DictConfig, env: Optional[Mapping[str, str]] = None) -> str:
-    """Where verl's `FileLogger` writes (verl/utils/tracking.py), absolute from this process's working directory.
-    env: the environment to read (default: this process's, read at the call)."""
+    """Where verl's `FileLogger` writes, as an absolute path; `env` defaults to this process's environment."""
     env = os.environ if env is None else env
     path = env.get("VERL_FILE_LOGGER_PATH")
     if path is None:
@@ -59,8 +45,7 @@ def _launch_number(name: str, stem: str, suffix: str) -> int | None:
 
 
 def launch_files(path: str) -> list[str]:
-    """The metrics files of every launch, oldest first: `<stem>.001<suffix>`, `<stem>.002<suffix>`, ..., then
-    `path` itself (the latest launch's) if it exists."""
+    """Every launch's metrics files, oldest first: `<stem>.001<suffix>`, ..., then `path` itself if it exists."""
     folder, name = os.path.split(os.path.abspath(path))
     stem, suffix = os.path.splitext(name)
     kept = sorted((n, f) for f in (os.listdir(folder) if os.path.isdir(folder) else [])
@@ -69,8 +54,7 @@ def launch_files(path: str) -> list[str]:
 
 
 def keep_metrics_file(path: str) -> str | None:
-    """Renames an earlier launch's non-empty metrics file at `path` to the next `<stem>.<NNN><suffix>` beside it;
-    returns the new name (None: nothing to keep)."""
+    """Renames a non-empty metrics file `path` to the next `<stem>.<NNN><suffix>`; returns the new name or None."""
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         return None
     folder, name = os.path.split(path)
@@ -93,8 +77,7 @@ def _new_wandb_id() -> str:
 
 
 def wandb_run_id(config: DictConfig) -> tuple[str, str]:
-    """(id, how): the id in `<default_local_dir>/wandb_run_id` when this launch resumes a checkpoint, else a new one
-    written there."""
+    """(id, how): the id in `<default_local_dir>/wandb_run_id` when this launch resumes, else a new one saved there."""
     ckpt_dir = os.path.abspath(config.trainer.default_local_dir)
     id_file = os.path.join(ckpt_dir, WANDB_ID_FILE)
     if os.path.exists(id_file) and _will_resume(config, ckpt_dir):

@@ -1,12 +1,8 @@
 """Ending a run at a step boundary with a checkpoint, before a wall-clock limit (docs/trainer.md, "Stopping early").
 
-A stop request is the file `darl_stop_request` in the checkpoint folder (`trainer.default_local_dir`). The driver
-writes it on SIGUSR1 (shells/run.sh forwards Slurm's USR1, ten minutes before the time limit); a user may create
-it by hand. A file, not a signal to the trainer: the trainer runs in a Ray actor, possibly on another node, and
-the checkpoint folder is on storage every node sees (a requeued job resumes from it).
-
-Both trainers (`RunGuardMixin`, trainers/run_guard.py) remove a stale request once their resume has run, and at the step
-boundary where verl saves checkpoints they call `_stop_requested` and, on a request, `_save_for_stop`, then end.
+A stop request is the file `darl_stop_request` in `trainer.default_local_dir`, written by the driver on SIGUSR1
+(shells/run.sh forwards Slurm's USR1) or by hand. A file, not a signal: the trainer runs in a Ray actor, possibly on
+another node, and the checkpoint folder is on storage every node sees.
 """
 
 from __future__ import annotations
@@ -23,9 +19,8 @@ def request_path(ckpt_dir: str) -> str:
 
 
 def install_stop_signal(ckpt_dir: str) -> None:
-    """SIGUSR1 -> a stop request in `ckpt_dir`. Called in the driver right before verl's run_ppo: Python runs the
-    handler while the driver waits in ray.get (Ray checks for signals there), and the default action of USR1
-    would kill the driver."""
+    """SIGUSR1 -> a stop request in `ckpt_dir`. Installed in the driver before verl's run_ppo (Python runs the
+    handler while the driver waits in ray.get); USR1's default action would kill the driver."""
     path = request_path(ckpt_dir)
 
     def on_usr1(signum, frame):

@@ -1,11 +1,4 @@
-"""Conversion between verl's DataProto and the D-ARL core (no Ray, no workers).
-
-- `groups_from_batch`: a fresh, rewarded batch -> `Group`s (by `uid`, version = `min_global_steps`)
-- `batch_from_groups`: groups -> a padded DataProto in verl's layout (the merged candidate batch)
-- `minibatch_index`: which optimizer mini-batch each sample lands in, as verl's actor splits it
-- `loss_inputs`: the four per-token tensors `workers/actor_loss.darl_loss` reads, from `ReplayStep.loss_inputs`
-- `replay_metrics`: the `replay/` metrics of one step
-"""
+"""Conversion between verl's DataProto and the D-ARL core (groups, the actor loss's fields, `replay/` metrics)."""
 
 from __future__ import annotations
 
@@ -28,11 +21,7 @@ VERSION_KEY = "min_global_steps"
 
 
 def groups_from_batch(batch: DataProto, scores: torch.Tensor) -> list[Group]:
-    """Packs a generated batch into groups, in order of first appearance of each `uid`.
-
-    scores: [B, L] token-level rewards (verl puts the sequence score at the last response token).
-    Every non-tensor field is kept per sample.
-    """
+    """Groups of a generated batch by `uid`, in order of first appearance; scores: [B, L] token-level rewards."""
     extra = sorted(set(batch.batch.keys()) - REBUILT_KEYS - DROPPED_KEYS)
     if extra:
         raise ValueError(f"replay cannot store batch keys {extra} (multi-modal or MoE routing data are not supported)")
@@ -60,23 +49,17 @@ def groups_from_batch(batch: DataProto, scores: torch.Tensor) -> list[Group]:
     for uid, rows in rows_of.items():
         idx = torch.tensor(rows)
         groups.append(Group.from_padded(
-            uid=uid,
-            version=int(min(versions[r] for r in rows)),
-            prompt_ids=prompts[rows[0]],
-            prompt_length=int(prompt_lengths[rows[0]]),
-            responses=batch.batch["responses"][idx],
-            response_lengths=response_lengths[idx],
-            response_mask=batch.batch["response_mask"][idx],
-            rollout_log_probs=batch.batch["rollout_log_probs"][idx],
-            rewards=scores[idx].sum(-1),
+            uid=uid, version=int(min(versions[r] for r in rows)), prompt_ids=prompts[rows[0]],
+            prompt_length=int(prompt_lengths[rows[0]]), responses=batch.batch["responses"][idx],
+            response_lengths=response_lengths[idx], response_mask=batch.batch["response_mask"][idx],
+            rollout_log_probs=batch.batch["rollout_log_probs"][idx], rewards=scores[idx].sum(-1),
             non_tensors={k: v[rows] for k, v in batch.non_tensor_batch.items()},
         ))
     return groups
 
 
-def batch_from_groups(
-    groups: list[Group], prompt_width: int, response_width: int, meta_info: Optional[dict] = None
-) -> DataProto:
+def batch_from_groups(groups: list[Group], prompt_width: int, response_width: int,
+                      meta_info: Optional[dict] = None) -> DataProto:
     """Rebuilds verl's padded layout: prompts left-padded, responses right-padded, rewards at the last token."""
     if not groups:
         raise ValueError("batch_from_groups: no groups")
@@ -120,11 +103,8 @@ def batch_from_groups(
 
 
 def minibatch_index(num_samples: int, mini_batch_samples: int, dp_size: int) -> torch.Tensor:
-    """[num_samples] optimizer mini-batch of each sample, as verl's actor update splits an unshuffled batch.
-
-    The batch is cut into dp_size contiguous shards; each rank walks its shard in mini-batches of
-    mini_batch_samples / dp_size; global mini-batch m is the m-th local mini-batch of every rank.
-    """
+    """[num_samples] optimizer mini-batch of each sample as verl splits an unshuffled batch: dp_size contiguous
+    shards, each walked in mini-batches of mini_batch_samples / dp_size; m is every rank's m-th."""
     if num_samples % dp_size or mini_batch_samples % dp_size or num_samples % mini_batch_samples:
         raise ValueError(f"minibatch_index: {num_samples} samples, mini-batches of {mini_batch_samples}, dp {dp_size} do not divide")
     shard = num_samples // dp_size
@@ -132,19 +112,9 @@ def minibatch_index(num_samples: int, mini_batch_samples: int, dp_size: int) -> 
     return local // (mini_batch_samples // dp_size)
 
 
-def loss_inputs(
-    batch: DataProto,
-    plan: StepPlan,
-    step: ReplayStep,
-    threshold: float,
-    clip_low: float,
-    clip_high: float,
-    mini_batch_samples: int,
-    dp_size: int,
-) -> BatchWeights:
-    """Adds `darl_log_denominator`, `darl_token_coef`, `darl_clip_low/high` ([B, L]) to `batch`, the fields
-    `workers/actor_loss.darl_loss` reads. `batch` holds the samples of `plan.trained` in order, with
-    `old_log_probs`."""
+def loss_inputs(batch: DataProto, plan: StepPlan, step: ReplayStep, threshold: float, clip_low: float,
+                clip_high: float, mini_batch_samples: int, dp_size: int) -> BatchWeights:
+    """Adds the [B, L] fields `darl_loss` reads to `batch` (`plan.trained`'s samples in order, with old_log_probs)."""
     mask = batch.batch["response_mask"]
     width = mask.shape[1]
     inputs = step.loss_inputs(plan, mask, batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], threshold,
@@ -156,16 +126,9 @@ def loss_inputs(
     return inputs.weights
 
 
-def replay_metrics(
-    plan: StepPlan,
-    trained_scores: list[float],
-    weights: Optional[BatchWeights],
-    buffer_stats: dict[str, Any],
-    evicted: dict[str, int],
-    timing: dict[str, float],
-) -> dict[str, float]:
-    """The `replay/` metrics of one step (docs/metrics.md); scalars only, as verl's loggers want.
-    trained_scores: chi2 group scores of `plan.trained`."""
+def replay_metrics(plan: StepPlan, trained_scores: list[float], weights: Optional[BatchWeights],
+                   buffer_stats: dict[str, Any], evicted: dict[str, int], timing: dict[str, float]) -> dict[str, float]:
+    """The `replay/` metrics of one step (docs/metrics.md), scalars; trained_scores: chi2 of `plan.trained`."""
     step, cands, selection = plan.version, plan.cands, plan.selection
     groups = cands.candidates
     sel_groups = plan.trained
@@ -179,14 +142,11 @@ def replay_metrics(
         "replay/skipped_update": float(selection.skipped),
         "replay/warmup": float(cands.warmup),
         "replay/dropped_zero_adv": cands.dropped_zero_adv,
-        # fresh groups the split's rounding left out of this step's update: they enter the buffer untrained
-        # (reuse 0), so the preset's least-reused order replays them first while they are in the window
+        # left out by the rounding: buffered untrained, so least-reused order replays them first
         "replay/fresh_deferred": sum(1 for g in cands.fresh if id(g) not in trained and id(g) not in history),
-        # per-prompt replay: history groups built (informative ones) and dropped for equal rewards
         "replay/history_groups": len(cands.history),
         "replay/history_zero_adv": cands.history_zero_adv,
         "replay/history_trained": sum(1 for g in sel_groups if id(g) in history),
-        # buffered groups (from earlier steps) trained this step
         "replay/replayed_trained": sum(1 for g in sel_groups if id(g) not in fresh),
         "replay/buffer_groups": buffer_stats["groups"],
         "replay/buffer_tokens": buffer_stats["tokens"],

@@ -1,34 +1,11 @@
 """D-ARL on verl's fully-async trainer: `RunGuardMixin` and `ReplayStepMixin` over `FullyAsyncTrainer`.
 
-Samples stream from the rollouter through verl's MessageQueue; a step takes `ppo_mini_batch_size *
-require_batches` groups, each stamped with the parameter versions that generated it (`min_global_steps`,
-the behavior version; `max_global_steps` when a partial rollout spans a sync). Versions are verl's
-`current_param_version`, the unit `_fit_update_weights` stamps the rollout with, so staleness here is
-measured in syncs, not in trainer steps. With `trigger_parameter_sync_step > 1` verl recomputes old
-log-probs under the parameters of the last sync (its `_compute_old_log_prob`), which is the version
-`current_param_version` names: the replay step records them as that version.
-
-Two things verl 0.9.1 does not make easy, and how they are handled:
-
-- `FullyAsyncTrainer` is a Ray actor class (`@ray.remote`), which Ray forbids subclassing: the plain class
-  behind it (`__ray_metadata__.modified_class.__ray_actor_class__`) is subclassed and wrapped in
-  `ray.remote` again with the same resources.
-- Ray wraps every inherited method into the actor class and ships those wrappers by value; verl's methods
-  then carry a by-value copy of `FullyAsyncTrainer` in their zero-argument `super()` cells. This module is
-  therefore pickled by value as well, so the copy is also the base class the worker builds (else `super()`
-  fails there: "obj must be an instance or subtype of type"). The task runner, which must be pickled by
-  reference (it swaps a global of verl's module), lives in `fully_async_runner`.
-
-Resume: verl saves the actor and the rollouter's dataloader at `global_step_{current_param_version}`. The
-replay buffer is written there too, and so are the samples waiting in the MessageQueue (generated, not yet
-trained): drained before verl saves the dataloader, written to `darl_queue.pt`, put back. `load_checkpoint`
-restores the buffer and puts the saved samples back in the queue before the rollouter starts, so they are
-trained first. Samples still being generated at the checkpoint are lost, as in verl: their prompts were
-already drawn, and the restored dataloader resumes after them.
-
-Stop request (robustness/stop_request.py): at the next weight sync the trainer saves, logs the step, and ends its fit;
-it then ends the rollouter's fit, which would otherwise wait for the trainer (paused at its staleness limit), so
-that verl's task runner, waiting for both, returns.
+Versions are verl's `current_param_version`: staleness counts weight syncs, and old log-probs (computed under the
+last sync's parameters) are recorded as that version. Ray forbids subclassing the actor class `FullyAsyncTrainer`,
+so the plain class behind it is subclassed and wrapped in `ray.remote` again. Ray ships verl's inherited methods by
+value with a copy of the base in their `super()` cells, so this module is pickled by value too (else `super()`
+fails in the worker); the task runner, which must go by reference, lives in `fully_async_runner`. Checkpoints
+also hold the MessageQueue's waiting samples (`darl_queue.pt`), requeued on resume so they are trained first.
 """
 
 from __future__ import annotations
@@ -59,8 +36,7 @@ class StopRequested(Exception):
 
 
 class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTrainerBase):
-    """Fully-async PPO/GRPO with D-ARL replay and the multi-behavior loss (the plain class; the Ray actor
-    is `DarlFullyAsyncTrainer`)."""
+    """Fully-async PPO/GRPO with D-ARL replay; the plain class of the Ray actor `DarlFullyAsyncTrainer`."""
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
@@ -80,13 +56,13 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
         return os.path.join(root, f"global_step_{self.current_param_version}")
 
     def _save_checkpoint(self):
-        # buffer, EMA and queue first (atomic, checksummed), then verl's files and its tracker (docs/faults.md)
+        # buffer, EMA and queue first, then verl's files and its tracker (docs/faults.md)
         return self._save_state_then(self._checkpoint_folder(), int(self.current_param_version),
                                      super()._save_checkpoint, extra=self.save_queue)
 
     def save_queue(self, folder: str) -> int:
-        """Writes the MessageQueue's samples (cloudpickled RolloutSamples, in queue order) to `folder` and
-        puts them back; returns how many. A finish signal (None) is put back, not saved."""
+        """Writes the MessageQueue's samples to `folder` in order and puts them back (a finish signal None is not
+        saved); returns how many."""
         client = self.message_queue_client
         items = [client.get_sample_sync()[0] for _ in range(client.get_queue_size_sync())]
         for item in items:
@@ -115,9 +91,8 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
             self._install_darts()  # idempotent: load_checkpoint installed it already
             self._watching = True
         if self._requeued:
-            # verl's rollouter resumes its sample count at the trained samples; the requeued ones were generated
-            # too, else it would generate as many again and the run would end with more samples than configured.
-            # The task runner calls this once after both load_checkpoints and before the rollouter starts.
+            # the rollouter's count resumes at the trained samples: count the requeued ones as generated too,
+            # else it generates them again (first call: after both load_checkpoints, before the rollouter starts)
             n, self._requeued = self._requeued, 0
             await self.rollouter.__ray_call__.remote(_count_as_generated, n)
         handles, addresses = self._rollout_servers()
@@ -143,8 +118,7 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
         return version
 
     async def _get_samples_from_queue(self):
-        # no sample for faults.generation_timeout_s (a hung rollout server; the rollouter's own failures are raised by
-        # _check_rollouter_finished and the weight sync): an error naming the servers' states and the step
+        # no sample for faults.generation_timeout_s (a hung server): an error naming the servers' states and the step
         handles, addresses = self._rollout_servers()
         return await guard_generation(
             super()._get_samples_from_queue(),
@@ -158,8 +132,8 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
 
     def _fit_save_checkpoint(self, force=False):
         super()._fit_save_checkpoint(force)
-        # only right after a weight sync (local_trigger_step back to 1), where verl checkpoints: a checkpoint is
-        # named by the parameter version, and between syncs the actor holds updates that version does not name
+        # only right after a weight sync: a checkpoint is named by the parameter version, which between syncs does
+        # not name the actor's updates
         if force or self.local_trigger_step != 1 or not self._stop_requested():
             return
         saved = self.last_ckpt_version == self.current_param_version  # verl's periodic save just ran
@@ -177,11 +151,9 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
         try:
             result = await super().fit()
         except StopRequested:
-            # verl logs a step's metrics at the next step (its aggregator takes them in _fit_postprocess_step), and
-            # the last step's after its loop: log them here, or the stop's own update goes unrecorded
+            # verl logs a step's metrics at the next step: log them here, or the stop's own update goes unrecorded
             self._fit_log_aggregated_training_metrics({})
-            # verl's fit ends when the rollouter's finish signal reaches it through the queue; here the trainer
-            # ends first, and the rollouter would wait for it (paused at its staleness limit) forever
+            # the trainer ends first here: the rollouter would wait for it (at its staleness limit) forever
             if getattr(self, "progress_bar", None) is not None:
                 self.progress_bar.close()
             await self.rollouter.__ray_call__.remote(_end_generation)
@@ -196,10 +168,8 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
                 [str(getattr(r, "_server_address", "?")) for r in replicas if getattr(r, "_server_handle", None) is not None])
 
     async def _check_rollouter_finished(self) -> None:
-        """verl's rollouter sends its finish signal also when its generation failed (a dead rollout server: it prints
-        `Streaming process exception` and swallows the exception), and the trainer then saved a checkpoint and ended
-        as if the run were complete, exit code 0. `_watch_generation` recorded the failure in the rollouter: raise
-        it here, naming the servers' states (docs/faults.md). verl's final checkpoint has been saved by then."""
+        """Raises the rollouter's generation failure `_watch_generation` recorded: verl swallows it and sends its
+        finish signal, so the run would end as complete with exit code 0 (docs/faults.md)."""
         state = await self.rollouter.__ray_call__.remote(_rollouter_state)
         if not state["error"]:
             return
@@ -212,8 +182,8 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
 
 
 def _watch_generation(rollouter) -> None:
-    """Records an exception that ends the rollouter's generation (verl prints and swallows it) in the rollouter, for
-    `_check_rollouter_finished`. Installed before the rollouter's fit starts."""
+    """Records the exception that ends the rollouter's generation, which verl swallows, for
+    `_check_rollouter_finished`."""
     original = getattr(rollouter, "_streaming_generation_main", None)
     if original is None or getattr(rollouter, "_darl_watched", False):
         return
@@ -239,9 +209,8 @@ def _count_as_generated(rollouter, n: int) -> None:
 
 
 def _end_generation(rollouter) -> None:
-    """Ends the rollouter's fit: cancelling its feed and processor tasks takes verl's own exit path (the finish
-    signal into the queue, `running` set false, which its monitor loop sees within 10 s, fit returns). Samples
-    being generated are dropped with them. Scheduled thread-safe in the tasks' loop, wherever Ray runs this call."""
+    """Ends the rollouter's fit by cancelling its tasks (verl's own exit path; samples in generation are dropped),
+    thread-safe in the tasks' loop wherever Ray runs this call."""
     for task in (getattr(rollouter, "feed_task", None), getattr(rollouter, "processor_task", None),
                  *list(getattr(rollouter, "active_tasks", ()))):
         if task is not None:

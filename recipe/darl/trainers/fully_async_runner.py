@@ -1,10 +1,8 @@
 """verl's fully-async task runner, building the D-ARL trainer (`DarlFullyAsyncTaskRunner`).
 
-`FullyAsyncTaskRunner._create_trainer` names `FullyAsyncTrainer` from its module, so the runner points that
-name at `DarlFullyAsyncTrainer` for the duration of the call. The runner must reach the Ray worker by
-reference, so that verl's `_create_trainer` there reads the real module's globals: it cannot live in the
-trainer's module (pickled by value, fully_async.py says why) nor in the entry point (run as
-`__main__`, which cloudpickle also ships by value).
+`_create_trainer` reads `FullyAsyncTrainer` from verl's module, so the runner points that global at ours for the
+call. It must reach the worker by reference to swap the real global: hence neither in the trainer's module nor in
+`__main__`, both pickled by value.
 """
 
 from __future__ import annotations

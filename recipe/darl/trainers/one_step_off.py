@@ -16,8 +16,7 @@ __all__ = ["BUFFER_FILE", "DarlTrainer"]
 
 
 class DarlTrainer(RunGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
-    """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss (trainers/replay_mixin.py), checkpoints,
-    stop requests, rollout watch and reward guard (trainers/run_guard.py)."""
+    """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss, and the run guard."""
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
@@ -64,8 +63,7 @@ class DarlTrainer(RunGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
     def _fit_save_checkpoint(self):
         if not self._stop_requested():
             return super()._fit_save_checkpoint()
-        # the end of this step: save, and end verl's fit loop after it. The next batch's generation, already
-        # launched, is cancelled with the event loop; its prompts were drawn before the dataloader state was saved,
-        # so the resumed run does not see them (as after any of verl's one-step-off checkpoints)
+        # save and end verl's fit after this step; the next batch's generation is cancelled and its prompts, drawn
+        # before the dataloader was saved, are skipped on resume (as after any one-step-off checkpoint)
         self.is_last_step = True
         self._save_for_stop(f"step {self.global_steps}")

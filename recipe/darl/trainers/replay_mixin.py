@@ -1,16 +1,8 @@
-"""The D-ARL replay step, shared by the one-step-off and the fully-async trainer (docs/algorithm.md, 'The replay step').
+"""The D-ARL replay step in both verl trainers (docs/algorithm.md, 'The replay step').
 
-    fresh batch (version v) -> reward -> ReplayStep.plan (candidates, selection) -> old_log_prob forward of the
-    selected groups -> ReplayStep.record -> loss inputs -> advantages on the selected groups
-    -> actor update with the D-ARL loss -> ReplayStep.finish (insert and evict) -> replay/ metrics
-
-The step's decisions are `recipe.darl.core.ReplayStep`'s, the same object the study harness calls; this mixin
-owns only verl's side of it: DataProto layouts, the workers' batch split, the actor's loss fields and metrics.
-
-`ReplayStepMixin` overrides the fit_step hooks both verl trainers inherit from `SeparateRayPPOTrainer`
-(`_init_models`, `_fit_compute_log_prob`, `_fit_update_actor`) and calls `super()` for verl's own work,
-so it sits before the verl trainer in the bases. With `replay.enable=false` every hook falls through.
-The trainer saves and restores the buffer with `save_replay` / `load_replay` in its own checkpoint hooks.
+The decisions are `core.ReplayStep`'s; `ReplayStepMixin` owns verl's side (DataProto layouts, the workers' batch
+split, the actor's loss fields, metrics) through the fit_step hooks `_init_models`, `_fit_compute_log_prob` and
+`_fit_update_actor`, so it sits before the verl trainer in the bases. With `replay.enable=false` they fall through.
 """
 
 from __future__ import annotations
@@ -39,12 +31,10 @@ BUFFER_FILE = "darl_replay.pt"
 
 
 class ReplayStepMixin:
-    """D-ARL replay over a verl trainer's fit_step hooks. Call `_init_replay(config)` after the trainer's
-    own __init__."""
+    """D-ARL replay over a verl trainer's fit_step hooks; call `_init_replay(config)` after its __init__."""
 
     def _replay_version(self) -> int:
-        """The version of pi_old, the weights the step's old log-probs are computed with, in the unit the
-        rollout stamps samples with (`min_global_steps`): staleness is measured against it."""
+        """pi_old's version, in the rollout's `min_global_steps` unit: staleness is measured against it."""
         return self.global_steps
 
     def _replay_budget(self) -> int:
@@ -59,8 +49,6 @@ class ReplayStepMixin:
     @property
     def buffer(self) -> Optional[ReplayBuffer]:
         return self.replay_step.buffer if self.replay_step is not None else None
-
-    # ---- setup -------------------------------------------------------------------------------
 
     def _init_models(self):
         super()._init_models()
@@ -78,8 +66,6 @@ class ReplayStepMixin:
         sp = self.config.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1
         return self.actor_rollout_wg.world_size // sp
 
-    # ---- the replay step ---------------------------------------------------------------------
-
     def _fit_compute_log_prob(self, batch: DataProto) -> DataProto:
         if not self.replay.enable:
             return super()._fit_compute_log_prob(batch)
@@ -94,8 +80,7 @@ class ReplayStepMixin:
         state = {"plan": plan, "scores": [], "weights": None, "timing": timing}
         self._step_state = state
         if plan.selection.skipped:
-            # no update this step (nothing trains on these log-probs): verl's own forward of the fresh batch, which
-            # the later hooks read, and no extra forward over the candidates
+            # no update: verl's own forward of the fresh batch, which the later hooks read
             print(f"[D-ARL] step {plan.version}: no update ({plan.selection.reason})")
             return super()._fit_compute_log_prob(batch)
         widths = batch.batch["prompts"].shape[1], batch.batch["responses"].shape[1]
@@ -116,8 +101,7 @@ class ReplayStepMixin:
         return self._use_rewards_of(chosen)
 
     def _group_multiples(self) -> tuple[int, Optional[int]]:
-        """(groups of a full mini-batch as the workers split it, the fewest groups one smaller mini-batch may hold:
-        dp shards, fixed micro-batches; None when no smaller one fits)."""
+        """(groups of a full mini-batch, the fewest groups one smaller mini-batch may hold; None: none fits)."""
         n = self.config.actor_rollout_ref.rollout.n
         actor = self.config.actor_rollout_ref.actor
         dp = self._dp_size()
@@ -181,11 +165,9 @@ class ReplayStepMixin:
         self._step_state = None
         return batch
 
-    # ---- the buffer in checkpoints ----------------------------------------------------------
-
     def save_replay(self, folder: str) -> None:
-        """Writes the buffer into a checkpoint folder, atomically and with a checksum (robustness/checkpoint_files.py); call
-        before verl writes its tracker file, so a checkpoint that resume can find always holds the buffer."""
+        """Writes the buffer into a checkpoint folder (atomic, checksummed). Call before verl writes its tracker, so
+        a checkpoint that resume can find always holds the buffer."""
         if self.buffer is None:
             return
         local_mkdir_safe(folder)
@@ -194,8 +176,7 @@ class ReplayStepMixin:
                       before_replace=lambda: probe("buffer_write", step))
 
     def load_replay(self, folder: str) -> None:
-        """Restores the buffer from the checkpoint folder verl just resumed from; a torn or corrupted file raises
-        `CorruptCheckpointError` naming it."""
+        """Restores the buffer from the folder verl resumed from; a torn file raises `CorruptCheckpointError`."""
         if self.buffer is None:
             return
         path = os.path.join(folder, BUFFER_FILE)

@@ -1,16 +1,8 @@
-"""What keeps a D-ARL run alive and resumable, written once for both trainers (docs/faults.md, docs/trainer.md).
+"""What keeps a D-ARL run alive and resumable, for both trainers (docs/faults.md): checkpoints, the stop request,
+the reward guard and DARTS' trainer side.
 
-`RunGuardMixin` sits before `ReplayStepMixin` and verl's trainer in the bases and overrides one verl hook,
-`_fit_compute_reward`; the trainers call the rest from their own checkpoint and step hooks:
-
-- checkpoints in a fixed order: the replay buffer and DARTS' length EMA first (atomic, checksummed), then verl's
-  files and last verl's tracker (`_save_state_then`), so a kill anywhere leaves the previous checkpoint the one
-  resume takes; on resume a torn tracker is repaired and a dangling one refused (`_check_resume`), then the state
-  is restored from the folder verl resumed from (`_restore_state`);
-- the stop request (robustness/stop_request.py): a checkpoint at the next step boundary, then the run ends;
-- the reward guard (robustness/reward_guard.py): failed rewards counted, NaN or infinite ones scored 0;
-- DARTS on the trainer side: `rollout_shaping/` metrics each step, its manager reached in this process
-  (one-step-off) or in the fully-async rollouter's actor.
+Checkpoints are written in a fixed order: the replay buffer and DARTS' EMA first (atomic, checksummed), then verl's
+files, verl's tracker last, so a kill anywhere leaves the previous checkpoint the one resume takes.
 """
 
 from __future__ import annotations
@@ -32,18 +24,14 @@ DARTS_FILE = "darts_state.pt"
 
 
 class RunGuardMixin:
-    """For a verl trainer with `ReplayStepMixin` (`save_replay`, `load_replay`). Call `_init_run_guard(config)` in
-    the trainer's __init__."""
+    """Before `ReplayStepMixin` in a verl trainer's bases; call `_init_run_guard(config)` in its __init__."""
 
     def _init_run_guard(self, config) -> None:
         self.darts: DartsConfig = darts_config(config)
 
-    # ---- checkpoints ----------------------------------------------------------------------------
-
     def _save_state_then(self, folder: str, step: int, verl_save: Callable[[], Any],
                          extra: Callable[[str], Any] = lambda folder: None) -> Any:
-        """Writes the buffer, DARTS' EMA and `extra(folder)` into `folder`, then runs verl's save (`verl_save`) with
-        the rotation moved after its tracker (robustness/checkpoint_files.py)."""
+        """Writes the buffer, DARTS' EMA and `extra(folder)`, then runs `verl_save` with rotation after its tracker."""
         self.save_replay(folder)
         self.save_darts(folder)
         extra(folder)
@@ -64,16 +52,12 @@ class RunGuardMixin:
         self.load_replay(folder)
         self.load_darts(folder)
 
-    # ---- the stop request -------------------------------------------------------------------------
-
     def _stop_request_path(self) -> str:
         return request_path(self.config.trainer.default_local_dir)
 
     def _clear_stale_stop_request(self) -> None:
-        # Called once the resume has run, before the first step: a request still here was made for an earlier job
-        # (killed before its step boundary, or the request came after its last step); kept, it would stop this one
-        # at its first step. A request made while this job starts up is removed too (USR1 comes 10 min before the
-        # limit, so only a job started less than that before its limit can lose one).
+        # after the resume, before the first step: a request still here was made for an earlier job and would stop
+        # this one at once (one made during start-up is lost too: USR1 comes 10 min before the limit)
         path = self._stop_request_path()
         if os.path.exists(path):
             os.remove(path)
@@ -83,8 +67,7 @@ class RunGuardMixin:
         return os.path.exists(self._stop_request_path())
 
     def _save_for_stop(self, step: str, saved: bool = False) -> None:
-        """A checkpoint at this boundary whatever `trainer.save_freq` says (unless `saved`: verl's periodic one
-        was just written), then the request removed and one line naming the step."""
+        """A checkpoint here whatever `trainer.save_freq` says (unless `saved`), then the request removed."""
         if not saved:
             from verl.utils.debug import marked_timer  # here: the driver imports this module before verl
 
@@ -99,15 +82,12 @@ class RunGuardMixin:
         print(f"[D-ARL] stop request: checkpoint saved at {step} "
               f"({os.path.abspath(self.config.trainer.default_local_dir)}); training ends", flush=True)
 
-    # ---- rewards ----------------------------------------------------------------------------------
-
     def _fit_compute_reward(self, batch):
         batch = super()._fit_compute_reward(batch)
         metrics = getattr(self, "metrics", None)
         if self.darts.enable and metrics is not None:  # the step's rollout_shaping/ metrics, from the manager
             metrics.update(self._darts_call("pop_metrics"))
-        # counted, then removed: the flag is not a reward field, and groups stored in the replay buffer must keep
-        # the non-tensor fields of groups saved by runs without it (a resumed buffer is merged with new batches)
+        # counted, then removed: buffered groups must keep the non-tensor fields of runs saved without the flag
         extra = getattr(self, "reward_extra_infos_dict", None) or {}
         failed = extra.pop(FAILED_KEY, None)
         batch.non_tensor_batch.pop(FAILED_KEY, None)
@@ -128,8 +108,6 @@ class RunGuardMixin:
                       "scored 0.0 (faults/nonfinite_rewards)", flush=True)
         return batch
 
-    # ---- DARTS ------------------------------------------------------------------------------------
-
     def _darts_call(self, name: str, *args) -> Any:
         """One of the DARTS manager's calls; the fully-async trainer reaches its rollouter's manager through Ray."""
         rollouter = getattr(self, "rollouter", None)
@@ -148,8 +126,8 @@ class RunGuardMixin:
             write_checked(os.path.join(folder, DARTS_FILE), self._darts_call("darts_state"))
 
     def load_darts(self, folder: str) -> Optional[int]:
-        """Restores the EMA saved in `folder`; returns how many prompts it holds (None: DARTS off or no file, a
-        checkpoint written without DARTS: the EMA starts empty, said on the console)."""
+        """Restores the EMA saved in `folder`; returns how many prompts it holds (None: DARTS off, or no file: the
+        EMA starts empty)."""
         if not self.darts.enable:
             return None
         path = os.path.join(folder, DARTS_FILE)

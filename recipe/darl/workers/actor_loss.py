@@ -1,15 +1,7 @@
-"""The D-ARL loss as a verl actor loss function, installed with `actor_wg.set_loss_fn`.
+"""The D-ARL loss as a verl actor loss function (`actor_wg.set_loss_fn`), shaped like verl's `ppo_loss`.
 
-It has the signature of verl's `workers/utils/losses.py::ppo_loss` and adds entropy and KL terms
-the same way; the policy term is `core.darl_policy_loss`. The driver puts four per-token tensors
-in the batch (all [batch, response_length], float32):
-
-- `darl_log_denominator`: log of rho's denominator (log mu_v for `own`, the balance heuristic for `pmis`)
-- `darl_token_coef`: alpha_v / tokens(S_v) within the sample's mini-batch (0 for invalid samples)
-- `darl_clip_low`, `darl_clip_high`: the sample's clip range, clip decay applied
-
-Because `darl_token_coef` is normalized over the global mini-batch, the micro-batch loss is a plain
-sum scaled by dp_size (FSDP averages gradients over ranks), independent of micro-batch cuts.
+The policy term is `core.darl_policy_loss` over the [batch, response_length] fields the driver adds (BATCH_KEYS).
+`darl_token_coef` is normalized over the global mini-batch, so the micro-batch loss is a plain sum times dp_size.
 """
 
 from __future__ import annotations
@@ -51,18 +43,10 @@ def darl_loss(
     response_mask = data["response_mask"].to(bool)
 
     pg_sum, stats = darl_policy_loss(
-        log_prob=log_prob,
-        old_log_prob=data["old_log_probs"],
-        advantages=data["advantages"],
-        response_mask=response_mask,
-        log_denominator=data["darl_log_denominator"],
-        token_coef=data["darl_token_coef"],
-        clip_low=data["darl_clip_low"],
-        clip_high=data["darl_clip_high"],
-        threshold=threshold,
-        clip_ratio_c=config.get("clip_ratio_c", 3.0),
-        stop_grad=stop_grad,
-        behavior_clip=behavior_clip,
+        log_prob=log_prob, old_log_prob=data["old_log_probs"], advantages=data["advantages"],
+        response_mask=response_mask, log_denominator=data["darl_log_denominator"], token_coef=data["darl_token_coef"],
+        clip_low=data["darl_clip_low"], clip_high=data["darl_clip_high"], threshold=threshold,
+        clip_ratio_c=config.get("clip_ratio_c", 3.0), stop_grad=stop_grad, behavior_clip=behavior_clip,
     )
     # token_coef sums to 1 over the global mini-batch; FSDP averages gradients over dp ranks
     pg_loss = pg_sum * dp_size

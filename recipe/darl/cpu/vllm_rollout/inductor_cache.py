@@ -1,20 +1,10 @@
-"""vLLM plugin (entry point ``vllm.general_plugins: darl_cpu_inductor_cache``, setup.py): before a vLLM process
-on CPU compiles anything, remove the compiled kernels that a killed process left half-written in TorchInductor's
-cache, so that inductor builds them again.
+"""vLLM plugin (entry point ``vllm.general_plugins: darl_cpu_inductor_cache``): before a vLLM process on CPU compiles
+anything, remove the compiled kernels a killed process left half-written in TorchInductor's cache.
 
-vLLM on CPU compiles kernels through TorchInductor, which writes each C++ kernel's object or shared library straight
-to its final path in the cache (``/tmp/torchinductor_$USER`` or ``TORCHINDUCTOR_CACHE_DIR``) and later trusts any
-file already there (``if not os.path.exists(target): build()``, torch 2.13). A process killed while the compiler
-writes (a dead rollout server, a preempted job) leaves an empty or truncated file, and from then on every vLLM start
-on that machine fails: ``ImportError: .../<key>.main.so: file too short`` (pytorch/pytorch#102539). `tests/vllm/test_dead_server.py`
-SIGKILLs a vLLM server during its first compile on a fresh machine, which leaves such a file: without this plugin
-every later vLLM start there fails that way.
-
-A file counts as torn when it is not a whole ELF file: its header is missing, or the section or program header
-table the header points to ends past the file's end (both tables end a file's layout as compilers write it). A file
-whose inductor lock (``locks/<key>.lock``) another process holds is being written and is left alone.
-
-vLLM calls `register` in each of its processes; it does nothing unless ``VERL_PLATFORM=cpu``. Idempotent.
+Inductor writes each kernel straight to its final path and trusts any file already there, so one torn file makes
+every later vLLM start fail with ``ImportError: .../<key>.main.so: file too short`` (pytorch/pytorch#102539). A file
+is torn when it is not a whole ELF file (header missing, or a header table ending past the file's end); one whose
+inductor lock another process holds is left alone. `register` does nothing unless ``VERL_PLATFORM=cpu``.
 """
 
 from __future__ import annotations
@@ -58,11 +48,7 @@ def default_cache_dir() -> Path:
 
 def remove_torn_binaries(cache_dir: str | os.PathLike | None = None) -> list[Path]:
     """Delete the compiled objects and libraries under `cache_dir` that are not whole ELF files; returns their paths.
-
-    A file that looks torn is checked again and removed while holding inductor's own lock for its key (the name up
-    to the first dot), so a compile in progress in another process is never touched; a lock held elsewhere skips
-    the file. Whole files take no lock.
-    """
+    A torn-looking file is checked again and removed under inductor's lock for its key (held elsewhere: skipped)."""
     from filelock import FileLock, Timeout  # the lock torch.utils._filelock wraps: same files, same protocol
 
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()

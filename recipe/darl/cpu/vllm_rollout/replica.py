@@ -1,13 +1,8 @@
-"""`CPUvLLMReplica`: verl's `vLLMReplica` on a machine without an accelerator (``rollout.name=vllm`` with
-``VERL_PLATFORM=cpu``).
+"""`CPUvLLMReplica`: verl's `vLLMReplica` on a machine without an accelerator (``VERL_PLATFORM=cpu``).
 
-verl's `vLLMReplica.launch_servers` asks each rollout worker for its accelerator id
-(``ray.get_runtime_context().get_accelerator_ids()[get_resource_name()][0]``) to set the server's visible
-devices. On CPU the resource is "CPU", for which Ray hands out no ids (KeyError). Everything else is verl's:
-the server is verl's own `vLLMHttpServer` (vLLM's OpenAI server and `AsyncLLM` engine), built with the same
-arguments, the same actor name (verl's `ServerAdapter` finds it by that name for weight sync) and the same
-launch sequence; this class only fills the device list with "cpu" and adds the environment a CPU engine
-needs (`server_env`).
+verl's `launch_servers` asks Ray for each worker's accelerator id, and Ray hands out none for "CPU". This class
+launches verl's own `vLLMHttpServer` with the same arguments and actor name (verl's `ServerAdapter` finds it by that
+name), fills the device list with "cpu" and adds the environment a CPU engine needs (`server_env`).
 """
 
 from __future__ import annotations
@@ -30,14 +25,12 @@ FORWARDED_ENV = ("VERL_PLATFORM", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZ
                  "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
                  "VLLM_LOGGING_LEVEL")
 
-# vLLM's CPU KV cache, in whole GiB (vLLM reads an integer): its default sizes the cache from free memory, far more
-# than a small model needs next to a trainer on the same machine
+# vLLM's CPU KV cache in whole GiB; vLLM's default sizes it from free memory, far more than a small model needs
 DEFAULT_KVCACHE_GIB = "1"
 
 
 def server_env(environ=os.environ) -> dict[str, str]:
-    """The environment of a CPU vLLM server actor: the forwarded variables, ``VLLM_CPU_KVCACHE_SPACE`` defaulting to
-    1 GiB, and verl's own per-platform rollout variables."""
+    """A CPU vLLM server actor's environment: `FORWARDED_ENV`, ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB) and verl's own."""
     env = {key: environ[key] for key in FORWARDED_ENV if key in environ}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
     env.update(get_platform().rollout_env_vars())
