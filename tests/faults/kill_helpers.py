@@ -145,6 +145,7 @@ def launch(script: Path, root: Path, inputs: dict, name: str, fault: str = "", e
                    N_RESPONSES="4", MINI_BATCH_SIZE="2", TRAIN_BATCH_SIZE="4", TEST_FREQ="-1", SAVE_FREQ="1",
                    RESUME_MODE="auto", PYTHON=sys.executable, DARL_FAULT_INJECT=fault, DARL_FAULT_MARKER=str(marker))
     run_env.update(env or {})
+    log = Path(run_env["VERL_FILE_LOGGER_PATH"])  # the caller may have put verl's file logger elsewhere
     args = [inputs["reward"], "replay.k=3", "replay.warmup=0", "data.max_response_length=12",
             "trainer.val_before_train=false", *overrides]
     out_path = root / f"{name}.txt"
