@@ -20,7 +20,7 @@ FULLY_ASYNC = REPO / "shells" / "cpu" / "fully_async_grpo_tiny_arith_cpu_replay_
 
 
 def _e2e_helpers():
-    spec = importlib.util.spec_from_file_location("_e2e_helpers", REPO / "tests" / "e2e" / "e2e_helpers.py")
+    spec = importlib.util.spec_from_file_location("_e2e_helpers", REPO / "tests" / "e2e_helpers.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
+sys.path.insert(0, str(REPO / "tests"))
 from e2e_helpers import read_log  # noqa: E402  (verl's file logger, merged per step)
 
 SCRIPT = REPO / "shells" / "cpu" / "one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"

@@ -15,7 +15,6 @@ from pathlib import Path
 import stamps
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
 sys.path.insert(0, str(REPO / "tests" / "faults"))
 from e2e_helpers import K, assert_sharded, build_inputs, read_log, run_script, updates  # noqa: E402,F401 (for the tests)
 from kill_helpers import _session_pids, launch  # noqa: E402,F401 (for the tests)

@@ -154,11 +154,9 @@ def test_cpu_scripts_refuse_rollout_vllm_without_vllm(tmp_path):
 @pytest.mark.parametrize("trainer", sorted(CPU_SCRIPTS))
 def test_cpu_scripts_compose_the_vllm_settings(trainer, tmp_path, vllm_installed):
     import subprocess
-    import sys
 
     import yaml
 
-    sys.path.insert(0, str(REPO / "tests" / "e2e"))
     from e2e_helpers import build_inputs
 
     inputs = build_inputs(tmp_path, hidden_size=128)

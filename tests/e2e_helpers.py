@@ -1,4 +1,4 @@
-"""What the end-to-end tests (here and in tests/vllm) build and run: an untrained tiny model with a dense reward (share of digits in
+"""What the end-to-end tests (tests/vllm, tests/faults) build and run: an untrained tiny model with a dense reward (share of digits in
 the response, plus a tie-breaker below 1e-3 from the response's characters), so groups have non-zero advantages
 from the first step; a CPU launch script run on it; verl's file-logger reader."""
 
