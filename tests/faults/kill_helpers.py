@@ -96,16 +96,32 @@ def kill_session(sid: int, grace_s: float = 3.0) -> int:
     return len(alive)
 
 
-def driver_pid(sid: int) -> int | None:
-    """The job's driver: the process of session `sid` running a D-ARL entry point (what run.sh sends USR1 to)."""
+def session_process(sid: int, matches) -> int | None:
+    """The first process of session `sid` whose command line (its arguments, a list of bytes) `matches`."""
     for pid in _session_pids(sid):
         try:
             cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"recipe.darl.main_darl" in cmdline or b"recipe.darl.main_fully_async" in cmdline:
+        if matches(cmdline):
             return pid
     return None
+
+
+def driver_pid(sid: int) -> int | None:
+    """The job's driver: the process of session `sid` running a D-ARL entry point (what run.sh sends USR1 to)."""
+    return session_process(sid, lambda argv: b"recipe.darl.main_darl" in argv or b"recipe.darl.main_fully_async" in argv)
+
+
+def kill_vllm_server(sid: int, killed: list[float]) -> bool:
+    """SIGKILL to the Ray worker process of session `sid` hosting verl's vLLMHttpServer actor (Ray titles it
+    `ray::vLLMHttpServer`); appends the time to `killed`; False while there is none."""
+    pid = session_process(sid, lambda argv: argv[0].startswith(b"ray::vLLMHttpServer")
+                          or any(b"ray::CPUvLLMHttpServer" in a for a in argv))
+    if pid is not None:
+        killed.append(time.time())
+        os.kill(pid, signal.SIGKILL)
+    return pid is not None
 
 
 def usr1_to_driver(sid: int) -> bool:

@@ -1,15 +1,12 @@
 """What the end-to-end runs on verl's vLLM rollout share (test_pipeline_*.py): the launch, a launch with an action
-(tests/faults/kill_helpers.py) and the vLLM server's kill, and the version-stamp report of a run's samples
+and the vLLM server's kill (both from tests/faults/kill_helpers.py), and the version-stamp report of a run's samples
 (stamps.py)."""
 
 from __future__ import annotations
 
 import math
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import stamps
@@ -17,7 +14,7 @@ import stamps
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "faults"))
 from e2e_helpers import K, assert_sharded, build_inputs, read_log, run_script, updates  # noqa: E402,F401 (for the tests)
-from kill_helpers import _session_pids, launch  # noqa: E402,F401 (for the tests)
+from kill_helpers import kill_vllm_server, launch  # noqa: E402,F401 (for the tests)
 
 SCRIPTS = {"one_step_off": REPO / "shells" / "cpu" / "one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh",
            "fully_async": REPO / "shells" / "cpu" / "fully_async_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"}
@@ -42,21 +39,6 @@ def run(trainer: str, backend: str, root: Path, inputs: dict, log: str, steps: i
                       "trainer.val_before_train=false", *extra, timeout=1200)
     (root / (log + ".out")).write_text(done.stdout + done.stderr)  # for a look after a failure
     return done
-
-
-def kill_vllm_server(sid: int, killed: list[float]) -> bool:
-    """SIGKILL to the Ray worker process of session `sid` hosting verl's vLLMHttpServer actor (Ray titles it
-    `ray::vLLMHttpServer`); appends the time to `killed`; False while there is none."""
-    for pid in _session_pids(sid):
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if cmdline.startswith(b"ray::vLLMHttpServer") or b"ray::CPUvLLMHttpServer" in cmdline:
-            killed.append(time.time())
-            os.kill(pid, signal.SIGKILL)
-            return True
-    return False
 
 
 def weights_of(trainer: str, resumed_at: tuple[int, ...] = ()):
