@@ -12,16 +12,21 @@ from recipe.darl.checks.config_check import fully_async_findings
 from .main_darl import prepare_config, rewrite_plus_overrides, run_or_print
 
 
-@hydra.main(config_path="config", config_name="darl_fully_async_trainer", version_base=None)
-def main(config: DictConfig) -> None:
+def prepare_fully_async_config(config: DictConfig) -> DictConfig:
+    """`prepare_config`, the fully-async warnings, and verl's reward-config migration its task runner expects."""
     from verl.experimental.reward_loop import migrate_legacy_reward_impl
-
-    from .trainers.fully_async_runner import DarlFullyAsyncTaskRunner
 
     prepare_config(config)
     for warning in fully_async_findings(config)[1]:
         print(f"[D-ARL] warning: {warning}")
-    run_or_print(migrate_legacy_reward_impl(config), DarlFullyAsyncTaskRunner)
+    return migrate_legacy_reward_impl(config)
+
+
+@hydra.main(config_path="config", config_name="darl_fully_async_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    from .trainers.fully_async_runner import DarlFullyAsyncTaskRunner
+
+    run_or_print(prepare_fully_async_config(config), DarlFullyAsyncTaskRunner)
 
 
 if __name__ == "__main__":

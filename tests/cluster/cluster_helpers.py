@@ -1,9 +1,11 @@
-"""Helpers for tests/cluster: launch scripts composed with DARL_DRY_RUN=1, config checks, a tiny-model fallback."""
+"""Helpers for tests/cluster: launch scripts composed (in this process, or with DARL_DRY_RUN=1), config checks, a
+tiny-model fallback."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +59,38 @@ def base_env(tmp: Path) -> dict[str, str]:
 def parse_dry_run(stdout: str) -> dict:
     """The resolved config main_darl prints (log lines before it dropped)."""
     return yaml.safe_load("\n".join(line for line in stdout.splitlines() if not _LOG_LINE.match(line)))
+
+
+def compose(jobs: list[tuple[Path, list[str], dict]]) -> list[dict]:
+    """Each [(script, args, env)]'s resolved config, composed in this process: the script prints its command
+    (DARL_PRINT_CMD=1, bash alone), and the command's entry point composes and prepares it as its `main` does, under
+    the job's environment. One verl import for all of them, where each `run_dry` subprocess imports verl anew (about
+    10 CPU-s); test_dry_run.py checks that both give the same config."""
+    from hydra import compose as hydra_compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from recipe.darl import main_darl, main_fully_async
+
+    entry = {"recipe.darl.main_darl": ("darl_trainer", main_darl.prepare_config),
+             "recipe.darl.main_fully_async": ("darl_fully_async_trainer", main_fully_async.prepare_fully_async_config)}
+    out = []
+    for script, args, env in jobs:
+        printed = subprocess.run(["bash", str(script), *args], env={**env, "DARL_PRINT_CMD": "1"}, capture_output=True,
+                                 text=True, check=True).stdout
+        python, flag, module, *overrides = shlex.split(printed)
+        assert flag == "-m" and module in entry, printed
+        config_name, prepare = entry[module]
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            with initialize_config_module("recipe.darl.config", version_base=None):
+                cfg = hydra_compose(config_name=config_name, overrides=main_darl.rewrite_plus_overrides(overrides))
+            out.append(OmegaConf.to_container(prepare(cfg), resolve=True))
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    return out
 
 
 def run_dry(jobs: list[tuple[Path, list[str], dict]], timeout: float = 120) -> list[dict]:

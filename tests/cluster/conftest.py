@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 from cluster_helpers import (VARIANTS, build_tiny_model_fallback, base_env, check_key_values, check_only_configuration_keys,
-                             check_verl_validation, run_dry, script_path)
+                             check_verl_validation, compose, script_path)
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +16,7 @@ def family(request, tmp_path_factory):
     fam = request.module.FAMILY
     tmp = tmp_path_factory.mktemp("dry")
     env = base_env(tmp)
-    configs = run_dry([(script_path(fam, v), [], env) for v in VARIANTS])
+    configs = compose([(script_path(fam, v), [], env) for v in VARIANTS])
     return SimpleNamespace(name=fam, tmp=tmp, configs=dict(zip(VARIANTS, configs)))
 
 

@@ -6,10 +6,11 @@ import subprocess
 import sys
 
 import pytest
-from cluster_helpers import SHELLS, base_env, flash_attn_importable, parse_dry_run
+from cluster_helpers import SHELLS, base_env, compose as compose_scripts, flash_attn_importable
 from hydra import compose, initialize_config_module
 
 from recipe.darl.checks import preflight
+from recipe.darl.checks.config_check import ConfigError
 from recipe.darl.checks.preflight import logger_problems, select_attention, wandb_credentials_found
 
 PMIS_17B = SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
@@ -87,20 +88,16 @@ def test_flash_attn_importable_detects_the_package(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(flash_attn_importable(), reason="flash_attn is installed here: nothing to fall back from")
 @pytest.mark.parametrize("script", [PMIS_17B, FA_PMIS], ids=["one_step_off", "fully_async"])
-def test_launch_scripts_fall_back_to_sdpa_with_one_line(script, tmp_path):
+def test_launch_scripts_fall_back_to_sdpa_with_one_line(script, tmp_path, capsys):
     env = base_env(tmp_path)
-    p = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stderr.count("flash_attn cannot be imported: using attn_implementation=sdpa") == 1
-    cfg = parse_dry_run(p.stdout)
+    (cfg,) = compose_scripts([(script, [], env)])
+    assert capsys.readouterr().err.count("flash_attn cannot be imported: using attn_implementation=sdpa") == 1
     assert cfg["actor_rollout_ref"]["model"]["override_config"]["attn_implementation"] == "sdpa"
 
     # the user's own choice wins, silently
-    p = subprocess.run(["bash", str(script), "++actor_rollout_ref.model.override_config.attn_implementation=eager"],
-                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "attn_implementation" not in p.stderr
-    assert parse_dry_run(p.stdout)["actor_rollout_ref"]["model"]["override_config"]["attn_implementation"] == "eager"
+    (cfg,) = compose_scripts([(script, ["++actor_rollout_ref.model.override_config.attn_implementation=eager"], env)])
+    assert "attn_implementation" not in capsys.readouterr().err
+    assert cfg["actor_rollout_ref"]["model"]["override_config"]["attn_implementation"] == "eager"
 
 
 # --------------------------------------------------------------------------- logger
@@ -143,16 +140,15 @@ def test_wandb_logger_without_credentials_is_a_problem(tmp_path):
 
 
 def test_launch_script_refuses_wandb_without_credentials_before_ray(tmp_path):
+    """D-ARL's checks refuse it, raising before the config is used (a dry run exits non-zero naming the key, before
+    Ray in a real run: tests/cluster/test_shells_env.py)."""
     env = base_env(tmp_path)
     env["LOGGER"] = '["console","wandb"]'
-    p = subprocess.run(["bash", str(PMIS_17B)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
-    assert p.returncode != 0
-    assert "trainer.logger=['console', 'wandb'] includes wandb" in p.stderr and "WANDB_API_KEY" in p.stderr
-    assert "trainer:" not in p.stdout  # refused before the dry run printed its config (and before Ray, in a real run)
+    with pytest.raises(ConfigError, match=r"trainer.logger=\['console', 'wandb'\] includes wandb(.|\n)*WANDB_API_KEY"):
+        compose_scripts([(PMIS_17B, [], env)])
     env["WANDB_API_KEY"] = "not-a-real-key"
-    p = subprocess.run(["bash", str(PMIS_17B)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert parse_dry_run(p.stdout)["trainer"]["logger"] == ["console", "wandb"]
+    (cfg,) = compose_scripts([(PMIS_17B, [], env)])
+    assert cfg["trainer"]["logger"] == ["console", "wandb"]
 
 
 @pytest.mark.parametrize("setting, expected", [

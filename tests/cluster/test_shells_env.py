@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from cluster_helpers import SHELLS, VARIANTS, base_env, run_dry
+from cluster_helpers import SHELLS, VARIANTS, base_env, compose
 
 SCRIPTS = sorted(SHELLS.glob("one_step_off_grpo_*_replay_4_*.sh"))
 PMIS_17B = SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
@@ -46,7 +46,7 @@ def test_env_and_passthrough_overrides(tmp_path):
     env = base_env(tmp_path)
     env.update(TRAINER_GPUS="4", ROLLOUT_GPUS="2", NNODES="2", ROLLOUT_NNODES="1", LOGGER='["console"]',
                EXPERIMENT_NAME="my_run", PROJECT_NAME="proj", ROLLOUT_TP="2", TRAIN_BATCH_SIZE="64", N_RESPONSES="16")
-    (cfg,) = run_dry([(PMIS_17B, ["+replay.k=2", "trainer.total_training_steps=7", "replay.max_reuse=3"], env)])
+    (cfg,) = compose([(PMIS_17B, ["+replay.k=2", "trainer.total_training_steps=7", "replay.max_reuse=3"], env)])
     assert cfg["trainer"]["n_gpus_per_node"] == 4 and cfg["trainer"]["nnodes"] == 2
     assert cfg["rollout"] == {"nnodes": 1, "n_gpus_per_node": 2}
     assert cfg["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 2
@@ -96,7 +96,7 @@ def test_memory_settings_from_the_environment(tmp_path):
 def test_darts_variants_compose_with_rollout_shaping(tmp_path):
     """The DARTS launch scripts (one-step-off and fully-async): the preset plus rollout_shaping, composed and checked."""
     env = base_env(tmp_path)
-    one_step_off, fully_async = run_dry([
+    one_step_off, fully_async = compose([
         (SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg_darts.sh", [], env),
         (SHELLS / "fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg_darts.sh", [], env)])
     from recipe.darl.core.darts import DartsConfig

