@@ -80,21 +80,6 @@ def resolve_model(path: str, merged_dir: Optional[str] = None, python: str = sys
     return str(target), "verl-fsdp"
 
 
-def cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
-def vllm_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
 class TransformersBackend:
     name = "transformers"
 
@@ -103,7 +88,7 @@ class TransformersBackend:
         from transformers import AutoModelForCausalLM
 
         self.torch = torch
-        self.device = "cuda" if cuda_available() else "cpu"
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
         torch_dtype = {"auto": torch.bfloat16 if self.device == "cuda" else torch.float32,
                        "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(self.device).eval()
@@ -159,7 +144,11 @@ class VLLMBackend:
 
 def make_backend(choice: str, model_dir: str, tokenizer, args) -> object:
     if choice == "auto":
-        choice = "vllm" if (vllm_importable() and cuda_available()) else "transformers"
+        import importlib.util
+
+        import torch
+
+        choice = "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "transformers"
     if choice == "vllm":
         return VLLMBackend(model_dir, args.tensor_parallel_size, args.gpu_memory_utilization,
                            args.max_prompt_length + args.max_new_tokens, args.seed)

@@ -39,12 +39,6 @@ def test_unknown_key_is_an_error():
         ReplayConfig.from_dict({"enable": True, "pmsi": True})
 
 
-def test_max_groups_below_budget():
-    assert ReplayConfig(max_groups=64).problems_with_budget(train_batch_size=32) == []
-    (problem,) = ReplayConfig(max_groups=16).problems_with_budget(train_batch_size=32)
-    assert "replay.max_groups" in problem and "data.train_batch_size" in problem
-
-
 def test_presets_follow_pmis_unless_overridden():
     assert (ReplayConfig(pmis=True).resolved_behavior_weight, ReplayConfig(pmis=True).resolved_source_weight) == ("pmis", "ess")
     assert (ReplayConfig(pmis=False).resolved_behavior_weight, ReplayConfig(pmis=False).resolved_source_weight) == ("own", "tokens")

@@ -19,7 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from recipe.darl.checks.config_check import apply_compat_aliases, check_config, fully_async_findings, validate_or_raise
 from recipe.darl.core import ReplayConfig, ReplayStep
-from recipe.darl.trainers.fully_async_runner import DarlFullyAsyncTaskRunner
+from recipe.darl.trainers.task_runners import DarlFullyAsyncTaskRunner, DarlTaskRunner
 from recipe.darl.trainers.fully_async import DarlFullyAsyncTrainer, DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase
 
 from test_trainer_hooks import make_trainer, run_step, uids
@@ -83,7 +83,7 @@ def test_the_ray_actor_wraps_the_replay_trainer():
 CHECK_SHIPPED = """
 import inspect, sys
 from ray import cloudpickle
-trainer, runner = cloudpickle.loads(sys.stdin.buffer.read())
+trainer, runner, one_step_runner = cloudpickle.loads(sys.stdin.buffer.read())
 mro = set(map(id, trainer.__mro__))
 for name, f in trainer.__dict__.items():
     code = getattr(inspect.unwrap(f), "__code__", None) if callable(f) else None
@@ -95,6 +95,10 @@ from verl.experimental.fully_async_policy import fully_async_main
 create = next(k.__dict__["_create_trainer"] for k in runner.__mro__[2:] if "_create_trainer" in k.__dict__)
 if inspect.unwrap(create).__globals__ is not fully_async_main.__dict__:
     print("runner-globals")
+from verl.experimental.one_step_off_policy import main_ppo
+run = next(k.__dict__["run"] for k in one_step_runner.__mro__[2:] if "run" in k.__dict__)
+if inspect.unwrap(run).__globals__ is not main_ppo.__dict__:
+    print("one-step-off-runner-globals")
 """
 
 
@@ -102,10 +106,11 @@ def test_the_actor_classes_unpickle_as_ray_ships_them():
     """What Ray ships to the workers. The trainer: every method's zero-argument super() names a class of
     the instance's MRO there (verl's FullyAsyncTrainer methods call super(); a by-value copy of that class
     in their cells failed the first fit step with 'obj must be an instance or subtype'). The task runner:
-    verl's `_create_trainer` reads the real module's globals, where `_trainer_class` swaps the trainer (a
-    by-value copy built verl's plain trainer without a word)."""
+    verl's `_create_trainer` reads the real module's globals, where `task_runners` swaps the trainer (a
+    by-value copy built verl's plain trainer without a word); the one-step-off runner's `run` likewise."""
     shipped = cloudpickle.dumps((DarlFullyAsyncTrainer.__ray_metadata__.modified_class,
-                                 DarlFullyAsyncTaskRunner.__ray_metadata__.modified_class))
+                                 DarlFullyAsyncTaskRunner.__ray_metadata__.modified_class,
+                                 DarlTaskRunner.__ray_metadata__.modified_class))
     out = subprocess.run([sys.executable, "-c", CHECK_SHIPPED], input=shipped, capture_output=True, timeout=120,
                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert out.returncode == 0, out.stderr.decode()[-2000:]

@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..core import group_multiple
-from ..core.config import ReplayConfig
+from ..core.config import ReplayConfig, is_int, is_number
 from ..core.darts import DartsConfig
 from ..rewards.code_reward import SANDBOXES
 
@@ -49,7 +49,7 @@ def apply_compat_aliases(cfg: DictConfig) -> list[str]:
             corr.bypass_mode = False
     if alias_thr is not None:
         current = corr.rollout_is_threshold
-        if _number(current) and float(current) not in (float(VERL_DEFAULT_THRESHOLD), float(alias_thr)):
+        if is_number(current) and float(current) not in (float(VERL_DEFAULT_THRESHOLD), float(alias_thr)):
             problems.append(f"algorithm.rollout_is_threshold={alias_thr} contradicts "
                             f"algorithm.rollout_correction.rollout_is_threshold={current}")
         else:
@@ -73,7 +73,7 @@ def check_config(cfg: DictConfig) -> list[str]:
     corr = cfg.algorithm.rollout_correction
 
     threshold = corr.rollout_is_threshold
-    if _number(threshold) and float(threshold) <= 0:
+    if is_number(threshold) and float(threshold) <= 0:
         problems.append(f"algorithm.rollout_correction.rollout_is_threshold must be > 0, got {threshold}")
     if arr.hybrid_engine:
         problems.append("actor_rollout_ref.hybrid_engine=true: the one-step-off trainer runs rollout on its own GPUs; set it false")
@@ -90,7 +90,7 @@ def check_config(cfg: DictConfig) -> list[str]:
         if not arr.rollout.get("calculate_log_probs", False):
             problems.append("replay.enable=true needs actor_rollout_ref.rollout.calculate_log_probs=true "
                             "(behavior log-probs for scoring and " + ("pmis weights)" if pmis else "IS weights)"))
-        if not _number(threshold):
+        if not is_number(threshold):
             problems.append(f"replay needs a float algorithm.rollout_correction.rollout_is_threshold (C), got {threshold!r}")
         if corr.get("rollout_is") == "sequence":
             problems.append("replay uses token-level weights: algorithm.rollout_correction.rollout_is must be null or token, got 'sequence'")
@@ -234,7 +234,7 @@ def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
                             f"16) is below actor_rollout_ref.rollout.n={n}: no history group could ever form; set "
                             "replay.prompt_replay >= n, or false")
         max_groups = replay_values.get("max_groups")
-        if isinstance(max_groups, int) and not isinstance(max_groups, bool) and max_groups < budget:
+        if is_int(max_groups) and max_groups < budget:
             problems.append(f"replay.max_groups={max_groups} is below the batch budget of {budget} groups a step "
                             "trains on: the buffer could never hold a full batch")
     return problems
@@ -263,7 +263,7 @@ def _fault_problems(cfg: DictConfig) -> list[str]:
     problems = []
     for key in ("generation_timeout_s", "reward_timeout_s"):
         value = faults.get(key)
-        if value is not None and not (_number(value) and value > 0):
+        if value is not None and not (is_number(value) and value > 0):
             problems.append(f"faults.{key} must be null (no limit) or seconds > 0, got {value!r}")
     policy = faults.get("reward_errors", "raise")
     if policy not in ("raise", "zero"):
@@ -273,7 +273,3 @@ def _fault_problems(cfg: DictConfig) -> list[str]:
         problems.append(f"reward.custom_reward_function.reward_kwargs.code_sandbox must be one of {', '.join(SANDBOXES)}, "
                         f"got {kwargs.get('code_sandbox')!r}")
     return problems
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

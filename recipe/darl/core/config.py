@@ -75,34 +75,34 @@ class ReplayConfig:
         for name in ("enable", "pmis", "filter_zero_adv", "stop_grad"):
             if not isinstance(getattr(self, name), bool):
                 out.append(f"replay.{name} must be a bool, got {getattr(self, name)!r}")
-        if not _is_int(self.k) or self.k < 1:
+        if not is_int(self.k) or self.k < 1:
             out.append(f"replay.k must be an integer >= 1, got {self.k!r}")
-        if not _is_int(self.warmup) or self.warmup < 0:
+        if not is_int(self.warmup) or self.warmup < 0:
             out.append(f"replay.warmup must be an integer >= 0, got {self.warmup!r}")
-        if self.max_groups is not None and (not _is_int(self.max_groups) or self.max_groups < 1):
+        if self.max_groups is not None and (not is_int(self.max_groups) or self.max_groups < 1):
             out.append(f"replay.max_groups must be null or an integer >= 1, got {self.max_groups!r}")
-        if not (self.max_reuse is None or self.max_reuse is False) and (not _is_int(self.max_reuse) or self.max_reuse < 1):
+        if not (self.max_reuse is None or self.max_reuse is False) and (not is_int(self.max_reuse) or self.max_reuse < 1):
             out.append(f"replay.max_reuse must be null, false or an integer >= 1, got {self.max_reuse!r}")
         if self.order not in (None, "newest", "least_reused"):
             out.append(f"replay.order must be null, 'newest' or 'least_reused', got {self.order!r}")
         age = self.prompt_replay_max_age
-        if age is not None and (not _is_int(age) or age < 1):
+        if age is not None and (not is_int(age) or age < 1):
             out.append(f"replay.prompt_replay_max_age must be null or an integer >= 1, got {age!r}")
         elif age is not None and self.resolved("prompt_replay") is None:  # null follows pmis
             out.append("replay.prompt_replay_max_age is set but replay.prompt_replay is off: set "
                        "replay.prompt_replay=16 to use it")
         if (self.prompt_replay is not None and self.prompt_replay is not False
-                and (not _is_int(self.prompt_replay) or self.prompt_replay < 2)):
+                and (not is_int(self.prompt_replay) or self.prompt_replay < 2)):
             out.append(f"replay.prompt_replay must be null, false or an integer >= 2 (responses kept per prompt), "
                        f"got {self.prompt_replay!r}")
         for name, low, high in (("ratio", 0.0, math.inf), ("m2_budget", 0.0, math.inf), ("behavior_clip", 0.0, 1.0)):
             value = getattr(self, name)
             if value is None or value is False:
                 continue
-            if not _is_number(value) or not low < value < high:
+            if not is_number(value) or not low < value < high:
                 out.append(f"replay.{name} must be null, false or a number in ({low:g}, {high:g}), got {value!r}")
         high = self.behavior_clip_high
-        if high is not None and high is not False and (not _is_number(high) or not high > 0):
+        if high is not None and high is not False and (not is_number(high) or not high > 0):
             out.append(f"replay.behavior_clip_high must be null, false or a number > 0, got {high!r}")
         elif high is not None and (self.behavior_clip is False or (self.behavior_clip is None and not self.pmis)):
             out.append("replay.behavior_clip_high is set but the trust region is off (replay.behavior_clip is false, "
@@ -111,16 +111,9 @@ class ReplayConfig:
             out.append(f"replay.behavior_weight must be null, 'own' or 'pmis', got {self.behavior_weight!r}")
         if self.source_weight not in (None, "ess", "tokens"):
             out.append(f"replay.source_weight must be null, 'ess' or 'tokens', got {self.source_weight!r}")
-        if not _is_number(self.clip_decay) or not 0.0 < self.clip_decay <= 1.0:
+        if not is_number(self.clip_decay) or not 0.0 < self.clip_decay <= 1.0:
             out.append(f"replay.clip_decay must be in (0, 1], got {self.clip_decay!r}")
         return out
-
-    def problems_with_budget(self, train_batch_size: int) -> list[str]:
-        """Problems that need the step's group budget B (`data.train_batch_size`)."""
-        if self.max_groups is not None and _is_int(self.max_groups) and self.max_groups < train_batch_size:
-            return [f"replay.max_groups={self.max_groups} is below the batch budget "
-                    f"data.train_batch_size={train_batch_size}: the buffer could never hold a full batch"]
-        return []
 
     def resolved(self, name: str) -> Any:
         """A key of PRESET: the value set, else PRESET's (`pmis: true`) or UNIFORM's; False (off) is None."""
@@ -152,9 +145,9 @@ class ReplayConfig:
         return "ess" if self.pmis else "tokens"
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+from .config import is_int
+
 
 @dataclass
 class DartsConfig:
@@ -47,13 +49,13 @@ class DartsConfig:
         for name in ("enable", "adaptive"):
             if not isinstance(getattr(c, name), bool):
                 out.append(f"rollout_shaping.{name} must be a bool, got {getattr(c, name)!r}")
-        if c.responses is not None and (not _is_int(c.responses) or c.responses < n):
+        if c.responses is not None and (not is_int(c.responses) or c.responses < n):
             out.append(f"rollout_shaping.responses must be null or an integer >= actor_rollout_ref.rollout.n={n}, "
                        f"got {c.responses!r}")
-        if c.keep_last is not None and (not _is_int(c.keep_last) or not 0 <= c.keep_last < n):
+        if c.keep_last is not None and (not is_int(c.keep_last) or not 0 <= c.keep_last < n):
             out.append(f"rollout_shaping.keep_last (L) must be null or an integer in [0, rollout.n={n}), "
                        f"got {c.keep_last!r}")
-        if not _is_int(c.warmup_steps) or c.warmup_steps < 0:
+        if not is_int(c.warmup_steps) or c.warmup_steps < 0:
             out.append(f"rollout_shaping.warmup_steps must be an integer >= 0, got {c.warmup_steps!r}")
         if not _is_number(c.ema_alpha) or not 0 < c.ema_alpha <= 1:
             out.append(f"rollout_shaping.ema_alpha must be in (0, 1], got {c.ema_alpha!r}")
@@ -61,7 +63,7 @@ class DartsConfig:
             out.append(f"rollout_shaping.mean_ratio must be a number >= 1, got {c.mean_ratio!r}")
         for name in ("min_responses", "max_responses"):
             value = getattr(c, name)
-            if value is not None and (not _is_int(value) or value < n):
+            if value is not None and (not is_int(value) or value < n):
                 out.append(f"rollout_shaping.{name} must be null or an integer >= rollout.n={n}, got {value!r}")
         if out:
             return out
@@ -167,10 +169,6 @@ class LengthSpreadEma:
 
     def state_dict(self) -> dict[str, float]:
         return dict(self.values)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:

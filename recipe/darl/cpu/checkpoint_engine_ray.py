@@ -10,7 +10,6 @@ them. Other trainer ranks only walk the stream (producing a full tensor is colle
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time

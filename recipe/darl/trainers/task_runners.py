@@ -1,0 +1,51 @@
+"""verl's task runners, building the D-ARL trainers: `DarlTaskRunner` (one-step-off) and `DarlFullyAsyncTaskRunner`.
+
+verl's runners read their trainer class from their module's globals when they build it, so each D-ARL runner points
+that global at the D-ARL trainer for the call and otherwise runs verl's own code. A runner must reach the worker by
+reference to swap the real global: hence here, neither in a trainer's module nor in `__main__`, both pickled by value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import ray
+from verl.experimental.fully_async_policy import fully_async_main
+from verl.experimental.one_step_off_policy import main_ppo as one_step_off_main
+
+OneStepTaskRunnerBase = one_step_off_main.OneStepTaskRunner.__ray_metadata__.modified_class.__ray_actor_class__
+FullyAsyncTaskRunnerBase = fully_async_main.FullyAsyncTaskRunner.__ray_metadata__.modified_class.__ray_actor_class__
+
+
+@contextlib.contextmanager
+def _swapped(module, name: str, value):
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
+class DarlTaskRunnerImpl(OneStepTaskRunnerBase):
+    """verl's one-step-off task runner (tokenizer, datasets, workers, `fit`), building the D-ARL trainer."""
+
+    def run(self, config) -> None:
+        from .one_step_off import DarlTrainer
+
+        with _swapped(one_step_off_main, "OneStepOffRayTrainer", DarlTrainer):
+            super().run(config)
+
+
+class DarlFullyAsyncTaskRunnerImpl(FullyAsyncTaskRunnerBase):
+    """verl's fully-async task runner, building the D-ARL trainer."""
+
+    def _create_trainer(self, config) -> None:
+        from .fully_async import DarlFullyAsyncTrainer
+
+        with _swapped(fully_async_main, "FullyAsyncTrainer", DarlFullyAsyncTrainer):
+            super()._create_trainer(config)
+
+
+DarlTaskRunner = ray.remote(num_cpus=1, max_concurrency=100)(DarlTaskRunnerImpl)
+DarlFullyAsyncTaskRunner = ray.remote(num_cpus=1)(DarlFullyAsyncTaskRunnerImpl)
