@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recipe.darl.example.arithmetic import make_problems, records, write_parquet
+from recipe.darl.data.prepare import write_parquet
+from recipe.darl.example.arithmetic import make_problems, records
 from recipe.darl.example.tiny_model import build_tiny_model
 
 # The tie-breaker: with the digit share alone, a group whose responses hold no digit has no advantage, and which

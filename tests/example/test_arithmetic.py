@@ -3,7 +3,8 @@
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.darl.example.arithmetic import compute_score, make_problems, records, solution_text, write_parquet
+from recipe.darl.data.prepare import write_parquet
+from recipe.darl.example.arithmetic import compute_score, make_problems, records, solution_text
 from recipe.darl.example.tiny_model import build_tiny_model
 
 

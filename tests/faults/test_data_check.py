@@ -10,7 +10,8 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.darl.example.arithmetic import make_problems, records, write_parquet
+from recipe.darl.data.prepare import write_parquet
+from recipe.darl.example.arithmetic import make_problems, records
 from recipe.darl.checks.data_check import data_problems
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

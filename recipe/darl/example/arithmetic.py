@@ -7,7 +7,6 @@ A good response reads `47+385=432 \\boxed{432}`. `compute_score` is a verl custo
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Optional
 
 DATA_SOURCE = "darl/arithmetic"
@@ -74,11 +73,3 @@ def records(problems: list[tuple[int, int]], split: str) -> list[dict]:
              "reward_model": {"style": "rule", "ground_truth": str(a + b)},
              "extra_info": {"split": split, "index": i, "a": a, "b": b}}
             for i, (a, b) in enumerate(problems)]
-
-
-def write_parquet(rows: list[dict], path: Path) -> Path:
-    import pandas as pd
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_parquet(path)
-    return path

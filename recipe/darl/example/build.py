@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..data.prepare import write_parquet
+from .arithmetic import is_hard, make_problems, records
 from .tiny_model import build_tiny_model
-from .arithmetic import is_hard, make_problems, records, write_parquet
 from .warm_start import warm_start
 
 DEFAULT_CACHE = Path(os.environ.get("DARL_CACHE", Path.home() / ".cache" / "darl"))

@@ -16,10 +16,9 @@ from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.darl.robustness.checkpoint_files import atomic_write_bytes
+from recipe.darl.robustness.checkpoint_files import TRACKER_FILE, atomic_write_bytes
 
 WANDB_ID_FILE = "wandb_run_id"
-TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl's checkpoint tracker
 _ID_CHARS = string.ascii_lowercase + string.digits
 _ID = re.compile(r"^[a-z0-9]{8}$")
 
@@ -72,10 +71,6 @@ def _will_resume(config: DictConfig, ckpt_dir: str) -> bool:
     return mode == "auto" and os.path.exists(os.path.join(ckpt_dir, TRACKER_FILE))
 
 
-def _new_wandb_id() -> str:
-    return "".join(secrets.choice(_ID_CHARS) for _ in range(8))
-
-
 def wandb_run_id(config: DictConfig) -> tuple[str, str]:
     """(id, how): the id in `<default_local_dir>/wandb_run_id` when this launch resumes, else a new one saved there."""
     ckpt_dir = os.path.abspath(config.trainer.default_local_dir)
@@ -85,7 +80,7 @@ def wandb_run_id(config: DictConfig) -> tuple[str, str]:
             run_id = f.read().strip()
         if _ID.match(run_id):
             return run_id, f"resumed, id from {id_file}"
-    run_id = _new_wandb_id()
+    run_id = "".join(secrets.choice(_ID_CHARS) for _ in range(8))
     os.makedirs(ckpt_dir, exist_ok=True)
     atomic_write_bytes(id_file, (run_id + "\n").encode())
     return run_id, f"new, id written to {id_file}"
