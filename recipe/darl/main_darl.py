@@ -37,24 +37,25 @@ def prepare_config(config: DictConfig) -> DictConfig:
     return config
 
 
-def run_or_print(config: DictConfig, task_runner_class) -> None:
-    """verl's run_ppo with the given task runner (DARL_DRY_RUN: the resolved config only). The SIGUSR1 stop request
-    and the run records (a relaunch keeps the metrics file and wandb run) are set up before Ray starts."""
-    from verl.trainer.main_ppo import run_ppo
-
+def run_or_print(config: DictConfig, task_runner: str) -> None:
+    """verl's run_ppo with the task runner of that name in `trainers.task_runners` (DARL_DRY_RUN: the resolved config
+    only, without importing the trainers). The SIGUSR1 stop request and the run records (a relaunch keeps the metrics
+    file and wandb run) are set up before Ray starts."""
     if os.environ.get("DARL_DRY_RUN"):
         print(OmegaConf.to_yaml(config, resolve=True))
         return
+    from verl.trainer.main_ppo import run_ppo
+
+    from .trainers import task_runners
+
     keep_run_records(config)
     install_stop_signal(config.trainer.default_local_dir)
-    run_ppo(config, task_runner_class=task_runner_class)
+    run_ppo(config, task_runner_class=getattr(task_runners, task_runner))
 
 
 @hydra.main(config_path="config", config_name="darl_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    from .trainers.task_runners import DarlTaskRunner
-
-    run_or_print(prepare_config(config), DarlTaskRunner)
+    run_or_print(prepare_config(config), "DarlTaskRunner")
 
 
 if __name__ == "__main__":

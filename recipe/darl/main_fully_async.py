@@ -24,9 +24,7 @@ def prepare_fully_async_config(config: DictConfig) -> DictConfig:
 
 @hydra.main(config_path="config", config_name="darl_fully_async_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    from .trainers.task_runners import DarlFullyAsyncTaskRunner
-
-    run_or_print(prepare_fully_async_config(config), DarlFullyAsyncTaskRunner)
+    run_or_print(prepare_fully_async_config(config), "DarlFullyAsyncTaskRunner")
 
 
 if __name__ == "__main__":

@@ -59,15 +59,17 @@ def test_both_entry_points_install_it_right_before_run_ppo_not_on_a_dry_run(comp
     cfg = compose_config()
     seen = []
     monkeypatch.setattr(verl.trainer.main_ppo, "run_ppo",
-                        lambda config, task_runner_class: seen.append(signal.getsignal(signal.SIGUSR1)))
+                        lambda config, task_runner_class: seen.append((signal.getsignal(signal.SIGUSR1), task_runner_class)))
     before = signal.getsignal(signal.SIGUSR1)
     try:
         monkeypatch.setenv("DARL_DRY_RUN", "1")
-        main_darl.run_or_print(cfg, None)
+        main_darl.run_or_print(cfg, "DarlTaskRunner")
         assert seen == [] and signal.getsignal(signal.SIGUSR1) is before
         monkeypatch.delenv("DARL_DRY_RUN")
-        main_darl.run_or_print(cfg, None)  # main_fully_async goes through the same function
-        assert len(seen) == 1 and seen[0].__name__ == "on_usr1"
+        main_darl.run_or_print(cfg, "DarlTaskRunner")  # main_fully_async goes through the same function
+        from recipe.darl.trainers.task_runners import DarlTaskRunner
+
+        assert len(seen) == 1 and seen[0][0].__name__ == "on_usr1" and seen[0][1] is DarlTaskRunner
     finally:
         signal.signal(signal.SIGUSR1, before)
 
