@@ -77,7 +77,7 @@ def compose(jobs: list[tuple[Path, list[str], dict]]) -> list[dict]:
     for script, args, env in jobs:
         printed = subprocess.run(["bash", str(script), *args], env={**env, "DARL_PRINT_CMD": "1"}, capture_output=True,
                                  text=True, check=True).stdout
-        python, flag, module, *overrides = shlex.split(printed)
+        _python, flag, module, *overrides = shlex.split(printed)
         assert flag == "-m" and module in entry, printed
         config_name, prepare = entry[module]
         saved = dict(os.environ)

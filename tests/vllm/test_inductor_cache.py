@@ -130,24 +130,26 @@ def _compile(cache: Path) -> subprocess.CompletedProcess:
 
 
 @needs_cxx
-def test_torn_kernels_break_the_compile_until_removed(tmp_path):
+def test_torn_libraries_break_the_compile_until_removed(tmp_path):
     cache = tmp_path / "inductor"
     first = _compile(cache)
     assert first.returncode == 0, first.stderr[-3000:]
     kernels = [Path(p) for p in glob.glob(str(cache / "**" / "*.main.so"), recursive=True)]
     assert kernels and all(is_whole_elf(p) for p in kernels)
+    # inductor's probes of the CPU's vector ISA are libraries of the same cache: torn alone, they break the compile
+    # too (inductor then emits vector code the probe no longer confirms, and g++ fails on it)
+    probes = [Path(p) for p in glob.glob(str(cache / "**" / "*.so"), recursive=True) if Path(p) not in kernels]
+    assert probes
+    for lib in probes:
+        lib.write_bytes(b"")
+    assert _compile(cache).returncode != 0
+    assert sorted(remove_torn_binaries(cache)) == sorted(probes)
     for lib in kernels:  # what the vLLM server killed during its first compile left (tests/vllm/test_pipeline_one_step_off.py)
         lib.write_bytes(b"")
     broken = _compile(cache)
     assert broken.returncode != 0 and "file too short" in broken.stderr, broken.stderr[-3000:]
-    # inductor's probes of the CPU's vector ISA are libraries of the same cache (torn, they break the compile too:
-    # inductor then emits code for a vector ISA the probe no longer confirms, and g++ fails on it)
-    libraries = [Path(p) for p in glob.glob(str(cache / "**" / "*.so"), recursive=True)]
-    assert set(kernels) < set(libraries)
-    for lib in libraries:
-        lib.write_bytes(b"")
-    assert sorted(remove_torn_binaries(cache)) == sorted(libraries)
+    assert sorted(remove_torn_binaries(cache)) == sorted(kernels)
     repaired = _compile(cache)
     assert repaired.returncode == 0, repaired.stderr[-3000:]
     assert repaired.stdout.strip() == first.stdout.strip()
-    assert all(is_whole_elf(p) for p in kernels)  # rebuilt in place
+    assert all(is_whole_elf(p) for p in kernels + probes)  # rebuilt in place
