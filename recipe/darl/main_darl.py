@@ -22,18 +22,19 @@ def rewrite_plus_overrides(argv: list[str]) -> list[str]:
     return ["+" + a if a.startswith(PLUS_KEYS) else a for a in argv]
 
 
-def prepare_config(config: DictConfig) -> DictConfig:
+def prepare_config(config: DictConfig, v1: bool = False) -> DictConfig:
     """Aliases, checks (raising `ConfigError` before Ray starts), the attention fallback and the rollout resource
-    copy both trainers make."""
+    copy every trainer makes (v1: verl's V1 trainer's config)."""
     from verl.utils.device import auto_set_device
 
     problems, lines = preflight(config)  # wandb credentials; sdpa when flash_attn cannot be imported
     for line in lines:
         print(line, file=sys.stderr)
-    validate_or_raise(config, extra=problems)
+    validate_or_raise(config, extra=problems, v1=v1)
     auto_set_device(config)
-    config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
-    config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node
+    if "rollout" in config:  # the V0 trainers' rollout GPUs (V1 reads actor_rollout_ref.rollout's own)
+        config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
+        config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node
     return config
 
 

@@ -176,3 +176,21 @@ darl_cpu_fully_async_run() {
         "rollout.n=$N_RESPONSES" \
         "$@"
 }
+
+# verl's V1 trainer (recipe.darl.main_v1) on the same example, mode V1_MODE [colocate_async]: colocate_async runs the
+# rollout in the trainer's processes (verl syncs weights in-process); separate_async on its own process (weights
+# through the Ray object store every step). TransferQueue gets one storage unit (verl's default 8 take a CPU each).
+darl_cpu_v1_run() {
+    local mode="${V1_MODE:-colocate_async}" rollout=() args=() a
+    [[ "$mode" == separate_async ]] && rollout=(actor_rollout_ref.rollout.nnodes=1 actor_rollout_ref.rollout.n_gpus_per_node=1)
+    for a in "${DARL_CPU_ARGS[@]}"; do
+        case "$a" in rollout.n_gpus_per_node=*|actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=*) ;; *) args+=("$a") ;; esac
+    done
+    "$PYTHON" -m recipe.darl.main_v1 "${args[@]}" \
+        "++ray_kwargs.ray_init.num_cpus=$((18 + TRAINER_RANKS))" \
+        "trainer.v1.trainer_mode=$mode" \
+        "${rollout[@]}" \
+        transfer_queue.backend.SimpleStorage.num_data_storage_units=1 \
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$((MINI_BATCH_SIZE * N_RESPONSES / TRAINER_RANKS))" \
+        "$@"
+}

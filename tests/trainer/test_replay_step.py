@@ -54,7 +54,7 @@ def test_loss_inputs_are_the_core_weights(batch_maker):
     groups[1].record(5, old[2:])  # the version-4 group was rescored at step 5
     step = ReplayStep(ReplayConfig(enable=True, clip_decay=0.5))
     plan = StepPlan(version=6, selection=Selection([0, 1], 2, 2, False), trained=groups)
-    w = loss_inputs(batch, plan, step, threshold=2.0, clip_low=0.2, clip_high=0.3, mini_batch_samples=4, dp_size=1)
+    w = loss_inputs(batch, plan, step, threshold=2.0, clip_low=0.2, clip_high=0.3, minibatch=minibatch_index(4, 4, 1))
     known = torch.tensor([False, False, True, True])
     direct = batch_weights(batch.batch["response_mask"], old, batch.batch["rollout_log_probs"], torch.tensor([5, 5, 4, 4]),
                            "pmis", "ess", 2.0, recorded={5: (known, torch.where(known.unsqueeze(1), old, 0.0))})

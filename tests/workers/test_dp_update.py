@@ -96,7 +96,7 @@ def trainer_batch(model, dp_size: int, order: list[int] | None = None):
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     from recipe.darl.core import ReplayConfig, ReplayStep, Selection, StepPlan
-    from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs
+    from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, minibatch_index
 
     fresh, drift = generated_batch(model)
     groups = groups_from_batch(fresh, fresh.batch["rm_scores"])
@@ -121,7 +121,7 @@ def trainer_batch(model, dp_size: int, order: list[int] | None = None):
     replay = ReplayConfig(enable=True, k=4)
     plan = StepPlan(STEP, Selection(list(range(len(chosen))), len(chosen), len(chosen), False), chosen)
     loss_inputs(batch, plan, ReplayStep(replay), THRESHOLD, clip_low=CLIP_LOW, clip_high=CLIP_HIGH,
-                mini_batch_samples=MINI_GROUPS * N, dp_size=dp_size)
+                minibatch=minibatch_index(len(batch), MINI_GROUPS * N, dp_size))
     return batch, replay
 
 

@@ -62,8 +62,12 @@ def apply_compat_aliases(cfg: DictConfig) -> list[str]:
     return problems
 
 
-def check_config(cfg: DictConfig) -> list[str]:
-    """Every problem of a composed config (after `apply_compat_aliases`), each naming its key."""
+V1_MODES = ("colocate_async", "separate_async")
+
+
+def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
+    """Every problem of a composed config (after `apply_compat_aliases`), each naming its key; v1: the config of
+    verl's V1 trainer (recipe.darl.main_v1)."""
     problems: list[str] = []
     replay_values: dict[str, Any] = OmegaConf.to_container(cfg.get("replay", {}) or {}, resolve=True)
     problems += ReplayConfig.problems_of(replay_values)
@@ -75,7 +79,9 @@ def check_config(cfg: DictConfig) -> list[str]:
     threshold = corr.rollout_is_threshold
     if is_number(threshold) and float(threshold) <= 0:
         problems.append(f"algorithm.rollout_correction.rollout_is_threshold must be > 0, got {threshold}")
-    if arr.hybrid_engine:
+    if v1:
+        problems += _v1_problems(cfg, enabled)
+    elif arr.hybrid_engine:
         problems.append("actor_rollout_ref.hybrid_engine=true: the one-step-off trainer runs rollout on its own GPUs; set it false")
     if not arr.rollout.get("name"):
         problems.append("actor_rollout_ref.rollout.name is required (e.g. vllm)")
@@ -144,10 +150,35 @@ def _darts_problems(cfg: DictConfig) -> list[str]:
     return problems
 
 
-def validate_or_raise(cfg: DictConfig, extra: list[str] | tuple[str, ...] = ()) -> None:
+def _v1_problems(cfg: DictConfig, replay: bool) -> list[str]:
+    problems = []
+    mode = cfg.trainer.v1.trainer_mode
+    if mode not in V1_MODES:
+        problems.append(f"trainer.v1.trainer_mode={mode!r}: D-ARL runs on verl's V1 modes {', '.join(V1_MODES)}")
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        problems.append("actor_rollout_ref.hybrid_engine=false: verl 0.9.1's V1 trainer needs true (colocate_async runs "
+                        "the rollout in the trainer's workers; separate_async's false path fails before the first step)")
+    sync_step = cfg.trainer.v1.separate_async.parameter_sync_step
+    if replay and mode == "separate_async" and sync_step != 1:
+        problems.append(f"trainer.v1.separate_async.parameter_sync_step={sync_step}: D-ARL takes one replay step per "
+                        "weight sync; set it 1")
+    rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    micro, step_micro = rollout.get("log_prob_micro_batch_size_per_gpu"), actor.get("ppo_micro_batch_size_per_gpu")
+    if (replay and not rollout.get("log_prob_use_dynamic_bsz", False) and not actor.get("use_dynamic_bsz", False)
+            and is_int(micro) and is_int(step_micro) and step_micro % micro):
+        problems.append(f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro} must divide "
+                        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={step_micro}: V1 recomputes the old "
+                        "log-probs of a replay step's groups in whole micro-batches")
+    if (cfg.get("rollout_shaping") or {}).get("enable", False):
+        problems.append("rollout_shaping.enable=true: DARTS runs on the one-step-off and fully-async trainers "
+                        "(recipe.darl.main_darl, main_fully_async), not on V1")
+    return problems
+
+
+def validate_or_raise(cfg: DictConfig, extra: list[str] | tuple[str, ...] = (), v1: bool = False) -> None:
     """Applies the aliases and raises `ConfigError` listing every problem (`extra`: found by the caller)."""
     problems = apply_compat_aliases(cfg)
-    problems += check_config(cfg)
+    problems += check_config(cfg, v1)
     problems += list(extra)
     if problems:
         raise ConfigError("the D-ARL config has {} problem(s):\n  - {}".format(len(problems), "\n  - ".join(problems)))

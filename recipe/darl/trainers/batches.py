@@ -113,12 +113,13 @@ def minibatch_index(num_samples: int, mini_batch_samples: int, dp_size: int) -> 
 
 
 def loss_inputs(batch: DataProto, plan: StepPlan, step: ReplayStep, threshold: float, clip_low: float,
-                clip_high: float, mini_batch_samples: int, dp_size: int) -> BatchWeights:
-    """Adds the [B, L] fields `darl_loss` reads to `batch` (`plan.trained`'s samples in order, with old_log_probs)."""
+                clip_high: float, minibatch: torch.Tensor) -> BatchWeights:
+    """Adds the [B, L] fields `darl_loss` reads to `batch` (`plan.trained`'s samples in order, with old_log_probs);
+    minibatch: [B] the optimizer mini-batch each sample falls in (`minibatch_index`)."""
     mask = batch.batch["response_mask"]
     width = mask.shape[1]
     inputs = step.loss_inputs(plan, mask, batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], threshold,
-                              clip_low, clip_high, minibatch_index(mask.shape[0], mini_batch_samples, dp_size))
+                              clip_low, clip_high, minibatch)
     batch.batch["darl_log_denominator"] = inputs.weights.log_denominator.float()
     batch.batch["darl_token_coef"] = inputs.weights.token_coef.float()
     batch.batch["darl_clip_low"] = inputs.clip_low.unsqueeze(1).expand(-1, width).contiguous()

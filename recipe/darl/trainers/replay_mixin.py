@@ -25,7 +25,7 @@ from recipe.darl.workers.actor_loss import darl_loss
 from recipe.darl.robustness.checkpoint_files import read_checked, write_checked
 from recipe.darl.probes import probe
 from ..core import Group, ReplayBuffer, ReplayConfig, ReplayStep, StepPlan, group_multiple, group_scores, sample_chi2
-from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, replay_metrics
+from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, minibatch_index, replay_metrics
 
 BUFFER_FILE = "darl_replay.pt"
 
@@ -52,9 +52,13 @@ class ReplayStepMixin:
 
     def _init_models(self):
         super()._init_models()
+        self._install_loss(self.actor_wg)
+
+    def _install_loss(self, worker_group) -> None:
+        """The D-ARL loss in the actor's workers (replay only; otherwise verl's own loss stays)."""
         if self.replay.enable:
             actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
-            self.actor_wg.set_loss_fn(partial(
+            worker_group.set_loss_fn(partial(
                 darl_loss, config=actor_config, threshold=self._threshold(), stop_grad=self.replay.stop_grad,
                 behavior_clip=self.replay.behavior_clip_range(),
             ))
@@ -95,7 +99,7 @@ class ReplayStepMixin:
         state["weights"] = loss_inputs(
             chosen, plan, self.replay_step, self._threshold(),
             clip_low=self._clip("clip_ratio_low"), clip_high=self._clip("clip_ratio_high"),
-            mini_batch_samples=state["mini_batch_groups"] * n, dp_size=self._dp_size(),
+            minibatch=minibatch_index(len(chosen), state["mini_batch_groups"] * n, self._dp_size()),
         )
         timing["weights"] = time.perf_counter() - t0
         return self._use_rewards_of(chosen)

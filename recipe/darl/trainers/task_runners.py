@@ -1,4 +1,5 @@
-"""verl's task runners, building the D-ARL trainers: `DarlTaskRunner` (one-step-off) and `DarlFullyAsyncTaskRunner`.
+"""verl's task runners, building the D-ARL trainers: `DarlTaskRunner` (one-step-off), `DarlFullyAsyncTaskRunner`
+and `DarlTaskRunnerV1` (verl's V1 trainer).
 
 verl's runners read their trainer class from their module's globals when they build it, so each D-ARL runner points
 that global at the D-ARL trainer for the call and otherwise runs verl's own code. A runner must reach the worker by
@@ -12,9 +13,11 @@ import contextlib
 import ray
 from verl.experimental.fully_async_policy import fully_async_main
 from verl.experimental.one_step_off_policy import main_ppo as one_step_off_main
+from verl.trainer import main_ppo
 
 OneStepTaskRunnerBase = one_step_off_main.OneStepTaskRunner.__ray_metadata__.modified_class.__ray_actor_class__
 FullyAsyncTaskRunnerBase = fully_async_main.FullyAsyncTaskRunner.__ray_metadata__.modified_class.__ray_actor_class__
+TaskRunnerV1Base = main_ppo.TaskRunnerV1.__ray_metadata__.modified_class.__ray_actor_class__
 
 
 @contextlib.contextmanager
@@ -47,5 +50,18 @@ class DarlFullyAsyncTaskRunnerImpl(FullyAsyncTaskRunnerBase):
             super()._create_trainer(config)
 
 
+class DarlTaskRunnerV1Impl(TaskRunnerV1Base):
+    """verl's V1 task runner (TransferQueue, trainer, agent loop, `fit`), building the D-ARL trainer of the mode."""
+
+    def run(self, config) -> None:
+        import verl.trainer.ppo.v1 as v1
+
+        from .v1 import trainer_class
+
+        with _swapped(v1, "get_trainer_cls", trainer_class):
+            super().run(config)
+
+
 DarlTaskRunner = ray.remote(num_cpus=1, max_concurrency=100)(DarlTaskRunnerImpl)
 DarlFullyAsyncTaskRunner = ray.remote(num_cpus=1)(DarlFullyAsyncTaskRunnerImpl)
+DarlTaskRunnerV1 = ray.remote(num_cpus=1)(DarlTaskRunnerV1Impl)

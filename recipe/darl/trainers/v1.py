@@ -1,0 +1,166 @@
+"""D-ARL on verl's V1 trainer (`trainer.use_v1=true`): `colocate_async` and `separate_async`.
+
+V1 moves a step's data through TransferQueue. `_step_once` (verl's one local update) is replaced when replay is on:
+the fresh groups verl's sampler hands over are read out of TransferQueue into the replay step, and the groups it
+trains (fresh and buffered) are written back as that step's rows; verl's own balance, old-log-prob, advantage and
+update stages then run on them, with the D-ARL loss fields put beside them. verl's `fit` deletes the step's rows
+when it ends; the buffer keeps its own copies and is saved with verl's checkpoints (as in the V0 trainers).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import transfer_queue as tq
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+from verl import DataProto
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl.utils.debug import marked_timer
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+from verl.workers.utils.padding import response_to_nested
+
+from recipe.darl.trainers.batches import loss_inputs, minibatch_index, replay_metrics
+from recipe.darl.trainers.replay_mixin import ReplayStepMixin
+from recipe.darl.trainers.run_guard import RunGuardMixin
+from recipe.darl.trainers.tq_rows import groups_from_rows, rows_from_groups, rows_of
+from recipe.darl.workers.actor_loss import BATCH_KEYS
+
+PARTITION = "train"
+
+
+class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
+    """D-ARL over a V1 trainer's hooks; before the verl trainer in the bases."""
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        self._init_replay(config)
+        self._init_run_guard(config)
+
+    def _replay_version(self) -> int:
+        # V1 syncs the weights of step t at the end of step t, stamped t: step t's pi_old is version t - 1
+        return self.global_steps - 1
+
+    def _setup(self):
+        super()._setup()
+        self._install_loss(self.actor_rollout_wg)
+
+    def _save_checkpoint(self):
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        return self._save_state_then(folder, self.global_steps, super()._save_checkpoint)
+
+    def _load_checkpoint(self):
+        self._check_resume()
+        result = super()._load_checkpoint()
+        if self.global_steps > 0:
+            self._restore_state(self._resume_folder(self.global_steps))
+        self._clear_stale_stop_request()
+        return result
+
+    def on_step_end(self):
+        super().on_step_end()
+        if self._stop_requested():  # save (unless this step just did) and let `fit` end after this step
+            self._save_for_stop(f"step {self.global_steps}",
+                                saved=self.global_steps in self.__dict__.get("_darl_saved_steps", []))
+            self.total_training_steps = self.global_steps
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+        if not self.replay.enable:
+            return super()._step_once(metrics, timing_raw, sample_batch_size)
+        with marked_timer("gen", timing_raw, color="red"):
+            self.on_sample_begin()
+            fresh_meta, off_policy = self.replay_buffer.sample(self.global_steps, PARTITION, sample_batch_size)
+            metrics.update(off_policy)
+            self.on_sample_end()
+        if self.reward_loop_manager.reward_loop_worker_handles is None:
+            fresh_meta = self._compute_reward_colocate(fresh_meta, metrics=metrics)
+
+        t0 = time.perf_counter()
+        fresh = groups_from_rows(rows_of(tq.kv_batch_get(keys=fresh_meta.keys, partition_id=PARTITION)),
+                                 fresh_meta.tags)
+        metrics["replay/fresh_version"] = max(g.version for g in fresh)
+        plan = self.replay_step.plan(fresh, self._replay_version(), self._replay_budget(), *self._group_multiples())
+        timing = {"select": time.perf_counter() - t0}
+        scores, weights = [], None
+        if plan.selection.skipped:
+            # no update: verl's stages (bar the update) on the fresh rows, whose advantages `fit`'s metrics read
+            print(f"[D-ARL] step {self.global_steps}: no update ({plan.selection.reason})")
+            batch = self._balance_batch(fresh_meta, metrics=metrics)
+            batch = self._compute_old_log_prob(batch, metrics=metrics)
+            batch = self._compute_advantage(batch, metrics=metrics)
+        else:
+            tq.kv_clear(keys=fresh_meta.keys, partition_id=PARTITION)
+            keys, rows, tags = rows_from_groups(plan.trained, self.global_steps)
+            tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=list_of_dict_to_tensordict(rows), tags=tags)
+            batch = KVBatchMeta(keys=keys, tags=tags, partition_id=PARTITION)
+            batch.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+            actor = self.config.actor_rollout_ref.actor
+            full = actor.ppo_mini_batch_size
+            mini = min(len(plan.trained), full)
+            actor.ppo_mini_batch_size = mini  # fewer groups than a mini-batch: one smaller (balance pads to it too)
+            try:
+                batch = self._balance_batch(batch, metrics=metrics)
+                with marked_timer("old_log_prob", timing_raw, color="blue"):
+                    batch = self._compute_old_log_prob(batch, metrics=metrics)
+                t0 = time.perf_counter()
+                scores, weights = self._put_loss_fields(plan, keys, batch, mini)
+                timing["weights"] = time.perf_counter() - t0
+                with marked_timer("adv", timing_raw, color="brown"):
+                    batch = self._compute_advantage(batch, metrics=metrics)
+                if self.config.trainer.critic_warmup <= self.global_steps:
+                    with marked_timer("update_actor", timing_raw, color="red"):
+                        batch = self._update_actor(batch, metrics=metrics)
+            finally:
+                actor.ppo_mini_batch_size = full
+        t0 = time.perf_counter()
+        evicted = self.replay_step.finish(plan)
+        timing["buffer"] = time.perf_counter() - t0
+        metrics.update(replay_metrics(plan, scores, weights, self.buffer.stats(), vars(evicted), timing))
+        return batch
+
+    def _put_loss_fields(self, plan, keys: list[str], batch: KVBatchMeta, mini_batch_groups: int):
+        """Records pi_old for the trained groups and puts the D-ARL loss fields of every row of `batch` (the
+        balanced order, padding rows included with zeros) into TransferQueue; returns (chi2 scores, weights)."""
+        data = tq.kv_batch_get(keys=keys, partition_id=PARTITION,
+                               select_fields=["old_log_probs", "rollout_log_probs", "response_mask"])
+        chosen = DataProto(batch=TensorDict({k: data[k].to_padded_tensor(0.0) for k in data.keys()},
+                                            batch_size=[len(keys)]))
+        self.replay_step.record(plan, chosen.batch["old_log_probs"])
+        # the optimizer mini-batch of each trained row: verl splits the balanced order into contiguous dp shards
+        position = {key: p for p, key in enumerate(batch.keys)}
+        n = self.config.actor_rollout_ref.rollout.n
+        balanced = minibatch_index(len(batch), mini_batch_groups * n, self._dp_size())
+        weights = loss_inputs(chosen, plan, self.replay_step, self._threshold(), clip_low=self._clip("clip_ratio_low"),
+                              clip_high=self._clip("clip_ratio_high"),
+                              minibatch=balanced[torch.tensor([position[k] for k in keys])])
+        width = chosen.batch["response_mask"].shape[1]
+        rows = torch.tensor([position[k] for k in keys])
+        mask = tq.kv_batch_get(keys=batch.keys, partition_id=PARTITION, select_fields=["response_mask"])["response_mask"]
+        fields = {}
+        for name in BATCH_KEYS:
+            full = torch.zeros(len(batch), max(width, int(mask.offsets().diff().max())))
+            full[rows, :width] = chosen.batch[name]
+            fields[name] = response_to_nested(full, mask)
+        tq.kv_batch_put(keys=batch.keys, partition_id=PARTITION, fields=TensorDict(fields, batch_size=[len(batch)]))
+        return self._chi2(plan.trained, chosen), weights
+
+
+class DarlColocateAsyncTrainer(DarlV1Mixin, PPOTrainerColocateAsync):
+    """V1 `colocate_async` (rollout and trainer share the GPUs, partial rollouts) with D-ARL replay."""
+
+
+class DarlSeparateAsyncTrainer(DarlV1Mixin, PPOTrainerSeparateAsync):
+    """V1 `separate_async` (rollout on its own GPUs) with D-ARL replay."""
+
+
+TRAINERS = {"colocate_async": DarlColocateAsyncTrainer, "separate_async": DarlSeparateAsyncTrainer}
+
+
+def trainer_class(mode: str):
+    """verl's `get_trainer_cls` for the D-ARL runner: the D-ARL trainer of a V1 mode."""
+    if mode not in TRAINERS:
+        raise ValueError(f"trainer.v1.trainer_mode={mode!r}: D-ARL runs on {sorted(TRAINERS)}")
+    return TRAINERS[mode]

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The built-in example on CPU through verl's V1 trainer (V1_MODE: colocate_async, or separate_async), configuration
+# `_pmis_sg`: D-ARL, the preset (docs/algorithm.md): replay over K = 4 behavior versions, fresh groups first plus
+# least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2; per-prompt
+# replay in the place of groups without advantage. Variables: shells/cpu/common.sh.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+darl_cpu_setup
+darl_cpu_v1_run \
+    algorithm.rollout_correction.bypass_mode=false \
+    algorithm.rollout_is=true \
+    algorithm.rollout_is_threshold=2.0 \
+    replay.enable=true \
+    replay.k=4 \
+    replay.pmis=true \
+    replay.stop_grad=true \
+    replay.warmup=2 \
+    "$@"
