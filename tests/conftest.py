@@ -95,15 +95,15 @@ def run_python():
 
 
 # `pytest -m unit`: the tests that start no Ray cluster, no launch script and no vLLM (a few minutes on 2 cores)
-UNIT = ("core/", "staleness/", "darts/", "test_docs.py", "trainer/test_replay_step.py", "trainer/test_trainer_hooks.py",
-        "trainer/test_config_check.py", "faults/test_reward_guard.py", "faults/test_trainer_checkpoints.py",
+UNIT = ("core/", "staleness/", "darts/", "test_docs.py", "trainer/test_replay_step.py", "trainer/test_tq_rows.py",
+        "trainer/test_trainer_hooks.py", "trainer/test_config_check.py", "faults/test_reward_guard.py", "faults/test_trainer_checkpoints.py",
         "faults/test_run_records.py", "example/test_arithmetic.py", "rollout/test_hf_engine.py")
 
 
 # the files that launch training jobs, longest first: `make test` runs files on two pytest workers (pytest-xdist,
 # --dist loadfile), which take files in collection order, so the long ones start first and the short ones fill in
 LONG = ("vllm/test_pipeline_fully_async.py", "vllm/test_pipeline_one_step_off.py", "faults/test_kill_resume.py",
-        "faults/test_stop_signal.py", "vllm/test_vllm_rollout.py")
+        "faults/test_stop_signal.py", "v1/test_v1_trainer.py", "vllm/test_vllm_rollout.py")
 
 
 def pytest_collection_modifyitems(config, items):

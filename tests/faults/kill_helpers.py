@@ -17,6 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 ONE_STEP_OFF = REPO / "shells" / "cpu" / "one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"
 FULLY_ASYNC = REPO / "shells" / "cpu" / "fully_async_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"
+V1 = REPO / "shells" / "cpu" / "v1_colocate_async_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh"
 
 
 def _e2e_helpers():
@@ -110,7 +111,8 @@ def session_process(sid: int, matches) -> int | None:
 
 def driver_pid(sid: int) -> int | None:
     """The job's driver: the process of session `sid` running a D-ARL entry point (what run.sh sends USR1 to)."""
-    return session_process(sid, lambda argv: b"recipe.darl.main_darl" in argv or b"recipe.darl.main_fully_async" in argv)
+    entry_points = (b"recipe.darl.main_darl", b"recipe.darl.main_fully_async", b"recipe.darl.main_v1")
+    return session_process(sid, lambda argv: any(e in argv for e in entry_points))
 
 
 def kill_vllm_server(sid: int, killed: list[float]) -> bool:
