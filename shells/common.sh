@@ -210,3 +210,23 @@ darl_fully_async_run() {
         "async_training.partial_rollout=${PARTIAL_ROLLOUT:-true}" \
         "$@"
 }
+
+# verl's V1 trainer in separate_async mode (recipe.darl.main_v1): rollout on ROLLOUT_GPUS of its own, weights synced
+# over NCCL after every step. verl 0.9.1's separate_async trains one mini-batch per local step, and D-ARL takes one
+# replay step per weight sync (trainer.v1.separate_async.parameter_sync_step=1), so a step is one mini-batch: the V1
+# scripts set TRAIN_BATCH_SIZE = MINI_BATCH_SIZE [32] before darl_setup. The trainer's workers also hold verl's
+# hybrid rollout replicas (hybrid_engine=true: its false path fails in verl 0.9.1 before the first step).
+darl_v1_run() {
+    local args=() a
+    for a in "${DARL_COMMON_ARGS[@]}"; do
+        case "$a" in actor_rollout_ref.hybrid_engine=*|rollout.nnodes=*|rollout.n_gpus_per_node=*) ;; *) args+=("$a") ;; esac
+    done
+    DARL_COMMON_ARGS=("${args[@]}")
+    DARL_MAIN=recipe.darl.main_v1 darl_run \
+        trainer.v1.trainer_mode=separate_async \
+        actor_rollout_ref.hybrid_engine=true \
+        "actor_rollout_ref.rollout.nnodes=$ROLLOUT_NNODES" \
+        "actor_rollout_ref.rollout.n_gpus_per_node=$ROLLOUT_GPUS" \
+        actor_rollout_ref.rollout.checkpoint_engine.backend=nccl \
+        "$@"
+}

@@ -5,7 +5,8 @@
 #   bash benchmarks/staleness/pipeline_check.sh [OUT]      (default runs/pipeline; about 4 min a run of 40 steps on 2 cores)
 #   TASK=scarce LR=1e-4 TRAINERS="one_step_off fully_async" CONFIGS="decoupled pmis_sg" SEEDS="0 1 2" \
 #       STEPS=40 bash benchmarks/staleness/pipeline_check.sh runs/pipeline-scarce     # the scarce regime (docs/evidence.md)
-# TRAINERS: one_step_off (samples one version old) and/or fully_async (STALENESS_THRESHOLD, default 2: up to 3 old).
+# TRAINERS: one_step_off (samples one version old), fully_async (STALENESS_THRESHOLD, default 2: up to 3 old) and/or
+# v1_colocate_async (verl's V1 trainer: the next batch is generated during the update, partial rollouts).
 # CONFIGS: the launch scripts' suffixes, each pinned by Hydra overrides to what it ran so that a later change of the
 # preset cannot change what an archived name means:
 #   async              naive async (the _async script)
@@ -45,8 +46,8 @@ for seed in $SEEDS; do
                 *) echo "pipeline_check: unknown config '$cfg' in CONFIGS" >&2; exit 2 ;;
             esac
             case "$trainer" in
-                one_step_off|fully_async) ;;
-                *) echo "pipeline_check: unknown trainer '$trainer' in TRAINERS (one_step_off, fully_async)" >&2; exit 2 ;;
+                one_step_off|fully_async|v1_colocate_async) ;;
+                *) echo "pipeline_check: unknown trainer '$trainer' in TRAINERS (one_step_off, fully_async, v1_colocate_async)" >&2; exit 2 ;;
             esac
             dir="$OUT/$trainer/seed$seed"
             [ -s "$dir/$cfg/metrics.jsonl" ] && grep -q "\"step\": *$STEPS[,}]" "$dir/$cfg/metrics.jsonl" && continue

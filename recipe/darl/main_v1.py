@@ -3,6 +3,7 @@ trainer.v1.trainer_mode colocate_async or separate_async). The config is checked
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import hydra
@@ -16,7 +17,8 @@ def prepare_v1_config(config: DictConfig) -> DictConfig:
     from verl.trainer.main_ppo import need_critic, need_reference_policy, validate_config
 
     prepare_config(config, v1=True)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    with contextlib.redirect_stdout(sys.stderr):  # its report would break a dry run's printed config
+        validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     return config
 
 

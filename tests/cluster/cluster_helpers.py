@@ -69,10 +69,11 @@ def compose(jobs: list[tuple[Path, list[str], dict]]) -> list[dict]:
     from hydra import compose as hydra_compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from recipe.darl import main_darl, main_fully_async
+    from recipe.darl import main_darl, main_fully_async, main_v1
 
     entry = {"recipe.darl.main_darl": ("darl_trainer", main_darl.prepare_config),
-             "recipe.darl.main_fully_async": ("darl_fully_async_trainer", main_fully_async.prepare_fully_async_config)}
+             "recipe.darl.main_fully_async": ("darl_fully_async_trainer", main_fully_async.prepare_fully_async_config),
+             "recipe.darl.main_v1": ("darl_v1_trainer", main_v1.prepare_v1_config)}
     out = []
     for script, args, env in jobs:
         printed = subprocess.run(["bash", str(script), *args], env={**env, "DARL_PRINT_CMD": "1"}, capture_output=True,

@@ -130,3 +130,35 @@ def test_rollout_shaping_in_the_fully_async_config(compose_config):
                          config_name="darl_fully_async_trainer")
     assert [p for p in problems(cfg) if "rollout_shaping" in p] == []
     assert cfg.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class") is None  # installed in the rollouter
+
+
+def v1_problems(cfg):
+    return apply_compat_aliases(cfg) + check_config(cfg, v1=True)
+
+
+def test_the_v1_config_and_a_replay_setup_are_valid(compose_config):
+    cfg = compose_config(*REPLAY_ON, "replay.k=4", "algorithm.rollout_is=true", config_name="darl_v1_trainer")
+    assert v1_problems(cfg) == []
+    assert cfg.trainer.use_v1 is True and cfg.trainer.v1.trainer_mode == "colocate_async"
+    separate = ("trainer.v1.trainer_mode=separate_async", "data.train_batch_size=32",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=32")
+    assert v1_problems(compose_config(*REPLAY_ON, *separate, config_name="darl_v1_trainer")) == []
+    # the V0 trainers' rule on the same setting is the opposite one
+    assert any("hybrid_engine" in p for p in problems(cfg))
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (("trainer.v1.trainer_mode=sync",), "trainer.v1.trainer_mode='sync'"),
+        (("actor_rollout_ref.hybrid_engine=false",), "actor_rollout_ref.hybrid_engine=false"),
+        (REPLAY_ON + ("trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.parameter_sync_step=2"),
+         "parameter_sync_step=2"),
+        (("rollout_shaping.enable=true",), "DARTS runs on the one-step-off and fully-async trainers"),
+        (REPLAY_ON + ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"), "log_prob_micro_batch_size_per_gpu=8"),
+    ],
+)
+def test_each_v1_problem_names_its_key(compose_config, overrides, key):
+    found = v1_problems(compose_config(*overrides, config_name="darl_v1_trainer"))
+    assert any(key in p for p in found), found
