@@ -126,6 +126,9 @@ script_gpu_needs() {  # script_gpu_needs SCRIPT_FILE [overrides...]: fills NEEDS
         tg="$(last_value trainer.n_gpus_per_node "${words[@]}")"
         rn="$(last_value rollout.nnodes "${words[@]}")"
         rg="$(last_value rollout.n_gpus_per_node "${words[@]}")"
+        # verl's V1 scripts (recipe.darl.main_v1) name the rollout's own GPUs under actor_rollout_ref.rollout
+        [[ -z "$rn" ]] && rn="$(last_value actor_rollout_ref.rollout.nnodes "${words[@]}")"
+        [[ -z "$rg" ]] && rg="$(last_value actor_rollout_ref.rollout.n_gpus_per_node "${words[@]}")"
         NEEDS_FROM="the command it would run, DARL_PRINT_CMD=1"
     elif [[ -n "${TRAINER_GPUS:-}" && -n "${ROLLOUT_GPUS:-}" ]]; then
         tn="${NNODES:-1}" tg="$TRAINER_GPUS" rn="${ROLLOUT_NNODES:-1}" rg="$ROLLOUT_GPUS"

@@ -145,6 +145,7 @@ def test_job_passes_cuda_device_max_connections_through_when_set(slurm):
 FOUR_B = "shells/one_step_off_grpo_4b_math_fsdp2_2_2_replay_4_pmis_sg.sh"  # trainer 2 + rollout 2
 ONE_SEVEN_B = "shells/one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"  # 1 + 1
 FULLY_ASYNC = "shells/fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"  # 1 + 1
+V1 = "shells/v1_separate_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"  # 1 + 1, rollout under actor_rollout_ref
 
 
 def _submit(env, script, *args, **extra):
@@ -200,6 +201,14 @@ def test_submit_checks_the_fully_async_scripts_and_can_be_skipped(slurm):
     assert p.returncode == 1 and FULLY_ASYNC in p.stderr and "needs 3 GPUs" in p.stderr
     assert _submit(env, FULLY_ASYNC, TRAINER_GPUS="2", GPU_CHECK="0").returncode == 0
     assert len(calls(tmp)) == 2
+
+
+def test_submit_checks_the_v1_scripts(slurm):
+    tmp, env, _, _ = slurm
+    assert _submit(env, V1).returncode == 0  # 1 + 1 on the default 1 x 2
+    p = _submit(env, V1, ROLLOUT_GPUS="2")
+    assert p.returncode == 1 and "needs 3 GPUs: trainer 1 node(s) x 1 + rollout 1 node(s) x 2" in p.stderr
+    assert len(calls(tmp)) == 1
 
 
 def test_submit_refuses_a_missing_script(slurm):
