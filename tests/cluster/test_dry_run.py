@@ -5,7 +5,8 @@ printed) gives the config the other tests here compose in their own process from
 from cluster_helpers import SHELLS, base_env, compose, diff_keys, run_dry
 
 SCRIPTS = [SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh",
-           SHELLS / "fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg_darts.sh"]
+           SHELLS / "fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg_darts.sh",
+           SHELLS / "v1_separate_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"]
 
 
 def test_a_dry_run_resolves_to_the_config_composed_in_process(tmp_path):
@@ -16,3 +17,4 @@ def test_a_dry_run_resolves_to_the_config_composed_in_process(tmp_path):
         assert diff_keys(a, b) == set(), script.name
         assert a["replay"]["k"] == 3 and a["trainer"]["total_training_steps"] == 7  # the overrides reached both
     assert real[1]["rollout_shaping"]["enable"] is True and "async_training" in real[1]
+    assert real[2]["trainer"]["v1"]["trainer_mode"] == "separate_async"
