@@ -126,8 +126,7 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
         balanced order, padding rows included with zeros) into TransferQueue; returns (chi2 scores, weights)."""
         data = tq.kv_batch_get(keys=keys, partition_id=PARTITION,
                                select_fields=["old_log_probs", "rollout_log_probs", "response_mask"])
-        chosen = DataProto(batch=TensorDict({k: data[k].to_padded_tensor(0.0) for k in data.keys()},
-                                            batch_size=[len(keys)]))
+        chosen = DataProto(batch=TensorDict({k: _padded(data[k]) for k in data.keys()}, batch_size=[len(keys)]))
         self.replay_step.record(plan, chosen.batch["old_log_probs"])
         # the optimizer mini-batch of each trained row: verl splits the balanced order into contiguous dp shards
         position = {key: p for p, key in enumerate(batch.keys)}
@@ -141,11 +140,17 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
         mask = tq.kv_batch_get(keys=batch.keys, partition_id=PARTITION, select_fields=["response_mask"])["response_mask"]
         fields = {}
         for name in BATCH_KEYS:
-            full = torch.zeros(len(batch), max(width, int(mask.offsets().diff().max())))
+            full = torch.zeros(len(batch), max(width, _padded(mask).shape[1]))
             full[rows, :width] = chosen.batch[name]
-            fields[name] = response_to_nested(full, mask)
+            fields[name] = response_to_nested(full, mask) if mask.is_nested else full[:, :mask.shape[1]].contiguous()
         tq.kv_batch_put(keys=batch.keys, partition_id=PARTITION, fields=TensorDict(fields, batch_size=[len(batch)]))
         return self._chi2(plan.trained, chosen), weights
+
+
+def _padded(t: torch.Tensor) -> torch.Tensor:
+    """[B, L] right-padded with zeros. TransferQueue returns a per-token field as a jagged tensor, or as a plain one
+    when every row of the partition has the same length."""
+    return t.to_padded_tensor(0.0) if t.is_nested else t
 
 
 class DarlColocateAsyncTrainer(DarlV1Mixin, PPOTrainerColocateAsync):
