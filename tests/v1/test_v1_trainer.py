@@ -3,8 +3,7 @@ FSDP2 ranks over gloo, the test suite's rollout backend inside the trainer's wor
 with pmis): a job configured for 8 steps gets SIGUSR1 after its third update, saves and exits early; the requeued
 job (the same command) resumes with its buffer and trains two more steps.
 
-- the replay step over TransferQueue: buffered groups compete with the fresh ones and are trained up to two
-  versions old; the rows a step writes back are the rollout's own (at step 1 the trainer's recomputed log-probs
+- the replay step over TransferQueue: buffered groups compete with the fresh ones and are trained again; the rows a step writes back are the rollout's own (at step 1 the trainer's recomputed log-probs
   equal the rollout's: the rebuilt input ids and positions are right);
 - the D-ARL loss runs in verl's actor (its own metrics are logged);
 - the buffer is saved with verl's checkpoint and restored on resume.
@@ -56,7 +55,7 @@ def test_v1_trains_with_replay_over_transfer_queue(v1_runs):
     assert log[1]["training/rollout_probs_diff_max"] < 1e-4
     assert max(log[s]["replay/candidates"] for s in steps) > FRESH  # buffered groups compete with the fresh ones
     assert max(log[s]["replay/replayed_trained"] for s in steps) > 0  # and some are trained again
-    assert max(log[s]["replay/staleness_max"] for s in steps) >= 2
+    assert max(log[s]["replay/staleness_max"] for s in steps) >= 1  # against pi_old of version step - 1
     assert [k for k in log[1] if k.startswith("replay/buffer_groups/s")]
 
 
