@@ -183,6 +183,9 @@ darl_cpu_fully_async_run() {
 darl_cpu_v1_run() {
     local mode="${V1_MODE:-colocate_async}" rollout=() args=() a
     [[ "$mode" == separate_async ]] && rollout=(actor_rollout_ref.rollout.nnodes=1 actor_rollout_ref.rollout.n_gpus_per_node=1)
+    # TransferQueue's torch threads while it packs batches (its default 8 is above a small machine's cores, and it
+    # warns at every batch); one, as OMP_NUM_THREADS
+    export TQ_NUM_THREADS="${TQ_NUM_THREADS:-1}"
     for a in "${DARL_CPU_ARGS[@]}"; do
         case "$a" in rollout.n_gpus_per_node=*|actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=*) ;; *) args+=("$a") ;; esac
     done
