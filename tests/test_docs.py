@@ -77,7 +77,7 @@ def test_headline_tables_are_the_archives():
     assert s4 and all(line in readme for line in s4)
     pipe = pipeline_table(pipeline_headline(load_runs(ROOT / "docs" / "evidence" / "pipeline_scarce" / "results.jsonl.gz")))
     against_decoupled = [line for line in pipe.splitlines()[2:] if "| decoupled |" in line]
-    assert len(against_decoupled) == 2  # one-step-off and fully-async
+    assert len(against_decoupled) == 3  # one-step-off, fully-async, V1 colocate_async
     for line in against_decoupled:
         assert line in evidence and line in readme, line
 
