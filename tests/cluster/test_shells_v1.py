@@ -2,6 +2,8 @@
 colocate_async, with DARL_DRY_RUN=1) compose through recipe.darl.main_v1 and resolve to the three launch
 configurations (`_async`, `_decoupled`, `_pmis_sg`)."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from recipe.darl.checks.config_check import ConfigError
@@ -41,7 +43,7 @@ def test_gpu_v1_scripts_resolve_to_separate_async_with_their_own_rollout_gpu(tmp
         assert cfg["data"]["train_batch_size"] == arr["actor"]["ppo_mini_batch_size"] == 32
         assert arr["rollout"]["calculate_log_probs"] is True and arr["actor"]["shuffle"] is False
         assert "rollout" not in cfg  # the V0 trainers' top-level rollout GPUs are not V1's keys
-    check_verl_validation(type("Family", (), {"configs": configs}))
+    check_verl_validation(SimpleNamespace(configs=configs))
 
 
 def test_cpu_v1_scripts_resolve_to_colocate_async(tmp_path):

@@ -3,8 +3,6 @@ versions old. With `replay.enable=false` this is verl's one-step-off trainer wit
 
 from __future__ import annotations
 
-import os
-
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
 from recipe.darl.probes import probe
@@ -24,16 +22,10 @@ class DarlTrainer(RunGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
         self._init_run_guard(config)
 
     def _save_checkpoint(self):
-        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        return self._save_state_then(folder, self.global_steps, super()._save_checkpoint)
+        return self._save_step_checkpoint(super()._save_checkpoint)
 
     def _load_checkpoint(self):
-        self._check_resume()
-        result = super()._load_checkpoint()
-        if self.global_steps > 0:
-            self._restore_state(self._resume_folder(self.global_steps))
-        self._clear_stale_stop_request()
-        return result
+        return self._load_step_checkpoint(super()._load_checkpoint)
 
     def _rollout_servers(self) -> tuple[list, list]:
         manager = getattr(self, "llm_server_manager", None)

@@ -38,6 +38,21 @@ class RunGuardMixin:
         probe("after_buffer", step)
         return guarded_verl_save(self, verl_save, step)
 
+    def _save_step_checkpoint(self, verl_save: Callable[[], Any]) -> Any:
+        """A trainer's `_save_checkpoint` whose folder is `global_step_<global_steps>` (one-step-off, V1)."""
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        return self._save_state_then(folder, self.global_steps, verl_save)
+
+    def _load_step_checkpoint(self, verl_load: Callable[[], Any]) -> Any:
+        """A trainer's `_load_checkpoint`: tracker check, verl's resume, then the buffer and DARTS's EMA from the
+        folder it resumed from; a stop request left by an earlier job removed."""
+        self._check_resume()
+        result = verl_load()
+        if self.global_steps > 0:
+            self._restore_state(self._resume_folder(self.global_steps))
+        self._clear_stale_stop_request()
+        return result
+
     def _check_resume(self) -> None:
         if self.config.trainer.resume_mode == "auto":
             check_resume(self.config.trainer.default_local_dir)  # a torn tracker repaired, a dangling one refused

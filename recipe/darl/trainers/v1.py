@@ -9,7 +9,6 @@ when it ends; the buffer keeps its own copies and is saved with verl's checkpoin
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -49,16 +48,10 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
         self._install_loss(self.actor_rollout_wg)
 
     def _save_checkpoint(self):
-        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        return self._save_state_then(folder, self.global_steps, super()._save_checkpoint)
+        return self._save_step_checkpoint(super()._save_checkpoint)
 
     def _load_checkpoint(self):
-        self._check_resume()
-        result = super()._load_checkpoint()
-        if self.global_steps > 0:
-            self._restore_state(self._resume_folder(self.global_steps))
-        self._clear_stale_stop_request()
-        return result
+        return self._load_step_checkpoint(super()._load_checkpoint)
 
     def on_step_end(self):
         super().on_step_end()
@@ -124,25 +117,23 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
     def _put_loss_fields(self, plan, keys: list[str], batch: KVBatchMeta, mini_batch_groups: int):
         """Records pi_old for the trained groups and puts the D-ARL loss fields of every row of `batch` (the
         balanced order, padding rows included with zeros) into TransferQueue; returns (chi2 scores, weights)."""
-        data = tq.kv_batch_get(keys=keys, partition_id=PARTITION,
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=PARTITION,
                                select_fields=["old_log_probs", "rollout_log_probs", "response_mask"])
-        chosen = DataProto(batch=TensorDict({k: _padded(data[k]) for k in data.keys()}, batch_size=[len(keys)]))
-        self.replay_step.record(plan, chosen.batch["old_log_probs"])
-        # the optimizer mini-batch of each trained row: verl splits the balanced order into contiguous dp shards
+        mask = data["response_mask"]
+        # the trained rows in plan order; verl splits the balanced order into contiguous dp shards of mini-batches
         position = {key: p for p, key in enumerate(batch.keys)}
+        rows = torch.tensor([position[k] for k in keys])
+        chosen = DataProto(batch=TensorDict({k: _padded(data[k])[rows] for k in data.keys()}, batch_size=[len(keys)]))
+        self.replay_step.record(plan, chosen.batch["old_log_probs"])
         n = self.config.actor_rollout_ref.rollout.n
         balanced = minibatch_index(len(batch), mini_batch_groups * n, self._dp_size())
         weights = loss_inputs(chosen, plan, self.replay_step, self._threshold(), clip_low=self._clip("clip_ratio_low"),
-                              clip_high=self._clip("clip_ratio_high"),
-                              minibatch=balanced[torch.tensor([position[k] for k in keys])])
-        width = chosen.batch["response_mask"].shape[1]
-        rows = torch.tensor([position[k] for k in keys])
-        mask = tq.kv_batch_get(keys=batch.keys, partition_id=PARTITION, select_fields=["response_mask"])["response_mask"]
+                              clip_high=self._clip("clip_ratio_high"), minibatch=balanced[rows])
         fields = {}
         for name in BATCH_KEYS:
-            full = torch.zeros(len(batch), max(width, _padded(mask).shape[1]))
-            full[rows, :width] = chosen.batch[name]
-            fields[name] = response_to_nested(full, mask) if mask.is_nested else full[:, :mask.shape[1]].contiguous()
+            full = torch.zeros(len(batch), chosen.batch[name].shape[1])
+            full[rows] = chosen.batch[name]
+            fields[name] = response_to_nested(full, mask) if mask.is_nested else full
         tq.kv_batch_put(keys=batch.keys, partition_id=PARTITION, fields=TensorDict(fields, batch_size=[len(batch)]))
         return self._chi2(plan.trained, chosen), weights
 
