@@ -33,9 +33,10 @@ $(STAMP): requirements.txt requirements-vllm.txt constraints.txt setup.py packag
 
 install: $(STAMP)
 
-# two pytest workers, one test file each at a time, the longest files first (tests/conftest.py, LONG): the end-to-end
-# launches spend much of their time starting processes one after another, which leaves a core idle
-TEST_WORKERS ?= 2
+# three pytest workers on two cores, one test file each at a time, the longest files first (tests/conftest.py, LONG):
+# an end-to-end launch alone keeps about one core busy (its processes start one after another), so a third worker
+# fills the idle core (docs/cpu.md, "How long make test takes")
+TEST_WORKERS ?= 3
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests

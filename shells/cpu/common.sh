@@ -68,7 +68,9 @@ darl_cpu_setup() {
 
     case "$ROLLOUT" in
         hf)
-            "$PYTHON" -c 'import hf_rollout' 2>/dev/null || {
+            # found on the path and named for verl to import (no import here: it would load verl, seconds on a small box)
+            [[ ",${VERL_USE_EXTERNAL_MODULES:-}," == *,hf_rollout,* ]] &&
+                "$PYTHON" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("hf_rollout") is None)' 2>/dev/null || {
                 echo "common.sh: ROLLOUT=hf is the test suite's backend (tests/hf_rollout): put tests/ on PYTHONPATH and set VERL_USE_EXTERNAL_MODULES=hf_rollout, as tests/conftest.py does" >&2
                 return 1
             }
