@@ -21,8 +21,6 @@ from typing import Optional
 
 from ..data.prepare import write_parquet
 from .arithmetic import is_hard, make_problems, records
-from .tiny_model import build_tiny_model
-from .warm_start import warm_start
 
 DEFAULT_CACHE = Path(os.environ.get("DARL_CACHE", Path.home() / ".cache" / "darl"))
 SHIPPED = Path(__file__).with_name("weights")
@@ -142,6 +140,10 @@ def build_example(cache: Path = DEFAULT_CACHE, settings: ExampleSettings = Examp
 
 
 def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) -> Example:
+    # here, not at the top: a launch script's `--paths-only` of a built example needs no torch (seconds at start-up)
+    from .tiny_model import build_tiny_model
+    from .warm_start import warm_start
+
     splits = problem_splits(settings)
     sft, val = splits["sft"], splits["val"]
     write_parquet(records(splits["train"], "train"), root / "train.parquet")
