@@ -84,8 +84,12 @@ def _running(pid: int) -> bool:
 def kill_session(sid: int, grace_s: float = 3.0) -> int:
     """After the launch ended: SIGKILLs whatever of its session is still alive after `grace_s` (the scheduler's
     kill of the whole job); returns how many processes that was (zombies not counted)."""
-    time.sleep(grace_s)
-    alive = [pid for pid in _session_pids(sid) if _running(pid)]
+    deadline = time.time() + grace_s
+    while True:  # a session that empties sooner ends the wait
+        alive = [pid for pid in _session_pids(sid) if _running(pid)]
+        if not alive or time.time() >= deadline:
+            break
+        time.sleep(0.2)
     for pid in alive:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -151,11 +155,13 @@ def _act_after_update(proc: subprocess.Popen, log: Path, step: int, action, time
 
 
 def launch(script: Path, root: Path, inputs: dict, name: str, fault: str = "", env: dict | None = None,
-           overrides: tuple[str, ...] = (), timeout: int = 600, after_step: int | None = None, action=None) -> Launch:
+           overrides: tuple[str, ...] = (), timeout: int = 600, after_step: int | None = None, action=None,
+           grace_s: float = 3.0) -> Launch:
     """Runs `script` on `inputs` in a new session with `DARL_FAULT_INJECT=fault`; outputs in root/out (shared by
     every launch: each resumes the last), verl's file logger in root/<name>.jsonl, the output in root/<name>.txt.
     `action(session id) -> bool`: called once an update at trainer step `after_step` (or later) is logged, until it
-    returns True (`usr1_to_driver`: a stop request)."""
+    returns True (`usr1_to_driver`: a stop request). `leftovers`: the session's processes still alive `grace_s`
+    after the script ended."""
     marker = root / f"{name}.marker"
     log = root / f"{name}.jsonl"
     run_env = dict(os.environ, MODEL_PATH=inputs["MODEL_PATH"], TRAIN_FILES=inputs["TRAIN_FILES"],
@@ -179,7 +185,7 @@ def launch(script: Path, root: Path, inputs: dict, name: str, fault: str = "", e
             except subprocess.TimeoutExpired:
                 rc = None
     seconds = time.time() - t0
-    leftovers = kill_session(proc.pid)
+    leftovers = kill_session(proc.pid, grace_s)
     if rc is None:
         proc.wait()
         raise AssertionError(f"{name}: no end within {timeout} s (a hang): {out_path}")

@@ -32,7 +32,7 @@ def v1_runs(tmp_path_factory):
     inputs = build_inputs(root)
     overrides = ("trainer.max_actor_ckpt_to_keep=null",)
     stopped = launch(V1, root, inputs, "stopped", env=dict(ENV, STEPS=str(CONFIGURED)), overrides=overrides,
-                     after_step=3, action=usr1_to_driver, timeout=600)
+                     after_step=3, action=usr1_to_driver, timeout=600, grace_s=20.0)
     assert stopped.rc == 0 and stopped.tracker is not None, stopped.text[-3000:]
     saved = read_checked(str(root / "out" / "checkpoints" / f"global_step_{stopped.tracker}" / "darl_replay.pt"))
     resumed = launch(V1, root, inputs, "resumed", env=dict(ENV, STEPS=str(stopped.tracker + 2)), overrides=overrides,
@@ -63,7 +63,8 @@ def test_a_stop_request_saves_and_ends_the_v1_job_early(v1_runs):
     run = v1_runs["stopped"]
     assert "SIGUSR1: stop requested" in run.text and "stop request: checkpoint saved at step" in run.text
     assert run.tracker == max(run.trained()) < CONFIGURED
-    assert run.leftovers == 0
+    # Ray tears the job down after the driver's exit: within seconds alone, longer on a loaded machine
+    assert run.leftovers == 0  # nothing of the job is alive 20 s after its end
 
 
 def test_the_resumed_v1_job_restores_its_buffer(v1_runs):
