@@ -34,7 +34,7 @@ $(STAMP): requirements.txt requirements-vllm.txt constraints.txt setup.py packag
 install: $(STAMP)
 
 # two pytest workers, one test file each at a time, the longest files first (tests/conftest.py, LONG). A third worker
-# was measured 2.5 min faster but overloads 2 cores: Ray's 30 s start-up wait and the processes' exit checks then fail
+# was measured about 2.4 min faster but overloads 2 cores: Ray's 30 s start-up wait and the processes' exit checks then fail
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
