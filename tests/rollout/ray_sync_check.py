@@ -82,6 +82,14 @@ def _trainer_log_probs(worker, prompt, response, temperature):
         return log_probs.gather(1, torch.tensor(response)[:, None]).squeeze(1).tolist()
 
 
+def master_port_range() -> list[int]:
+    """The trainer's process-group port, below Linux's ephemeral range and one block per pytest worker. verl picks a
+    free port, closes it and binds it seconds later; a connection of a job on the other worker could take an ephemeral
+    port in between (EADDRINUSE at init_process_group)."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    return [20000 + 1000 * worker, 21000 + 1000 * worker]
+
+
 def start(model_path: str, rollout: tuple[str, ...]):
     """The config, Ray (CPU counts as GPUs for verl's pools), and the trainer worker group (FSDP2 on CPU), whose
     process starts while the rollout comes up; returns (config, actor_wg). Shared with vllm_sync_check.py."""
@@ -104,6 +112,7 @@ def start(model_path: str, rollout: tuple[str, ...]):
         ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(DetachActorWorker), config=config.actor_rollout_ref,
                                                role="actor"),
         device_name="cpu",
+        master_port_range=master_port_range(),
     )
     mark("trainer_spawned")
     return config, actor_wg
