@@ -8,7 +8,9 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -139,6 +141,26 @@ def test_expected_outputs_and_host_files_are_out_of_reach(tmp_path):
     assert score(code, STDIN) == 0.0
     # nor the parent's memory or environment through /proc
     assert score("import os\nprint(open(f'/proc/{os.getppid()}/environ').read())", STDIN) == 0.0
+
+
+def test_an_interpreter_under_tmp_is_kept_inside_the_private_tmp(monkeypatch):
+    """A Python installed under /tmp (a virtualenv on a node's local disk) is shown read-only inside the sandbox's
+    private /tmp, at the namespaces level; the rest of the host's /tmp stays out of reach."""
+    kept = Path(tempfile.mkdtemp(prefix="darl_interpreter_", dir="/tmp"))
+    other = Path(tempfile.mkdtemp(prefix="darl_other_", dir="/tmp"))
+    try:
+        for folder in (kept, other):  # open to any uid (the sandbox drops root): only the mounts decide
+            (folder / "sum.txt").write_text("3\n42\n")
+            folder.chmod(0o755)
+        keep = code_reward._keep()
+        monkeypatch.setattr(code_reward, "_keep", lambda: [*keep, str(kept)])
+        reader = "import sys\nanswers = open({!r}).read().split()\nprint(answers[sys.stdin.read() == '20 22\\n'])"
+        assert score(reader.format(str(kept / "sum.txt")), STDIN, sandbox="namespaces") == 1.0
+        assert score(reader.format(str(other / "sum.txt")), STDIN, sandbox="namespaces") == 0.0
+        assert code_reward.sandbox_level("namespaces") == "namespaces"
+    finally:
+        shutil.rmtree(kept)
+        shutil.rmtree(other)
 
 
 def test_writes_and_deletions_outside_the_folder_do_not_happen(tmp_path):

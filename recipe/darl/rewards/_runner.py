@@ -116,13 +116,15 @@ def enter_namespaces(root: str, keep: list, uid: int) -> None:
     _libc.prctl(1, 9)  # PR_SET_PDEATHSIG = SIGKILL: ends with the process the parent kills
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    # the private /tmp before the kept paths: an interpreter under /tmp (a virtualenv on a node's local disk) is then
+    # bound inside it, not hidden by it
+    os.makedirs(root + "/tmp")
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={FILE_BYTES},mode=1777")
     for path in keep:
         if os.path.lexists(path):
             _bind_read_only(path, root + path)
     for device in ("null", "zero", "urandom", "random"):
         _bind_read_only(f"/dev/{device}", f"{root}/dev/{device}", nodev=0)
-    os.makedirs(root + "/tmp")
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={FILE_BYTES},mode=1777")
     os.chdir(root)
     _call("pivot_root", _libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b"."))
     _call("umount", _libc.umount2(b".", MNT_DETACH))  # the old root is gone from this mount namespace
