@@ -99,24 +99,20 @@ class TransformersBackend:
                  seed: int) -> list[list[str]]:
         torch = self.torch
         tok = self.tokenizer
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        if tok.pad_token_id is None:  # left padding with eos, as generate does without a pad token
+            tok.pad_token = tok.eos_token
         greedy = temperature <= 0
         out: list[list[str]] = []
         torch.manual_seed(seed)
         for start in range(0, len(prompt_ids), self.batch_size):
             chunk = prompt_ids[start : start + self.batch_size]
-            width = max(len(ids) for ids in chunk)
-            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            attention = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, ids in enumerate(chunk):  # left padding
-                input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-                attention[i, width - len(ids):] = 1
-            kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, num_return_sequences=n, do_sample=not greedy)
+            inputs = tok.pad({"input_ids": chunk}, padding=True, padding_side="left", return_tensors="pt")
+            kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, num_return_sequences=n, do_sample=not greedy)
             if not greedy:
                 kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
             with torch.no_grad():
-                seqs = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs)
-            texts = tok.batch_decode(seqs[:, width:], skip_special_tokens=True)
+                seqs = self.model.generate(**inputs.to(self.device), **kwargs)
+            texts = tok.batch_decode(seqs[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
             out += [texts[i * n : (i + 1) * n] for i in range(len(chunk))]
         return out
 

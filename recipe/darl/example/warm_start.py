@@ -38,15 +38,10 @@ def greedy_accuracy(model, tokenizer, problems: list[tuple[int, int]], max_new_t
     for start in range(0, len(problems), batch_size):
         chunk = problems[start:start + batch_size]
         prompts = [_ids(p) for p in encode_prompts(tokenizer, chunk)]
-        width = max(map(len, prompts))
-        ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+        inputs = tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left", return_tensors="pt")
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        texts = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
         correct += sum(compute_score("", t, str(a + b)) for t, (a, b) in zip(texts, chunk))
     model.train()
     return correct / len(problems)

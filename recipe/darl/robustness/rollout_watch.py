@@ -109,7 +109,11 @@ def _sync_failure(what: str, states: list[str], t0: float, timeout_s: Optional[f
 def guard_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
                       addresses: Sequence[str], poll_s: Optional[float] = None) -> Any:
     """Runs the blocking `sync()` in a daemon thread; every `poll_s` s, a server found DEAD or a sync past `timeout_s`
-    raises `RolloutServerError` naming `what` and each server's state. An abandoned thread dies with the run."""
+    raises `RolloutServerError` naming `what` and each server's state, as does a Ray error from a server that died
+    before or during the sync (the sync, not a generation, finds a server that died after its last batch). An
+    abandoned thread dies with the run."""
+    import ray
+
     finished = threading.Event()
     outcome: dict[str, Any] = {}
 
@@ -129,26 +133,16 @@ def guard_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional
         error = None if finished.is_set() else _sync_failure(what, states, t0, timeout_s)
         if error is not None:
             raise error
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
-
-
-def watch_weight_sync(sync: Callable[[], Any], *, what: str, timeout_s: Optional[float], handles: Sequence[Any],
-                      addresses: Sequence[str]) -> Any:
-    """`guard_weight_sync`, and a Ray error from a server that died before or during the sync (the sync, not a
-    generation, finds a server that died after its last batch) raised as `RolloutServerError` naming the servers."""
-    import ray
-
-    try:
-        return guard_weight_sync(sync, what=what, timeout_s=timeout_s, handles=handles, addresses=addresses)
-    except ray.exceptions.RayError as e:
+    error = outcome.get("error")
+    if isinstance(error, ray.exceptions.RayError):
         states = server_states_now(handles, addresses)
-        if not any(": DEAD" in s for s in states) and not isinstance(e, ray.exceptions.RayActorError):
-            raise
-        print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died before or during the weight sync",
-              flush=True)
-        raise server_error(what, f"a rollout server died ({type(e).__name__})", states) from e
+        if any(": DEAD" in s for s in states) or isinstance(error, ray.exceptions.RayActorError):
+            print(f"[D-ARL] rollout failure detected at {time.time():.3f}: a server died before or during the weight "
+                  "sync", flush=True)
+            raise server_error(what, f"a rollout server died ({type(error).__name__})", states) from error
+    if error is not None:
+        raise error
+    return outcome.get("value")
 
 
 async def guard_weight_sync_async(work: Awaitable, *, what: str, timeout_s: Optional[float], handles: Sequence[Any],

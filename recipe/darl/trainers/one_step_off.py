@@ -6,7 +6,7 @@ from __future__ import annotations
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
 from recipe.darl.probes import probe
-from recipe.darl.robustness.rollout_watch import generation_timeout, guard_generation, watch_weight_sync
+from recipe.darl.robustness.rollout_watch import generation_timeout, guard_generation, guard_weight_sync
 from recipe.darl.trainers.replay_mixin import BUFFER_FILE, ReplayStepMixin
 from recipe.darl.trainers.run_guard import RunGuardMixin
 
@@ -44,7 +44,7 @@ class DarlTrainer(RunGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
     def _fit_update_weights(self):
         # one server killed inside the sync leaves verl's sender waiting on it forever, hence the watch
         handles, addresses = self._rollout_servers()
-        return watch_weight_sync(super()._fit_update_weights, handles=handles, addresses=addresses,
+        return guard_weight_sync(super()._fit_update_weights, handles=handles, addresses=addresses,
                                  what=f"syncing weights to the rollout at trainer step {self.global_steps}",
                                  timeout_s=generation_timeout(self.config))
 
