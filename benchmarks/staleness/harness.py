@@ -165,11 +165,6 @@ def split_problems(config: HarnessConfig) -> tuple[list[tuple[int, int]], list[t
     return splits["train"], splits["heldout"]
 
 
-def digit_share(text: str) -> float:
-    """Dense test reward: the share of digit characters in the response."""
-    return sum(c.isdigit() for c in text) / max(len(text), 1)
-
-
 # ---- the harness -----------------------------------------------------------------------------
 
 class Harness:
@@ -215,8 +210,8 @@ class Harness:
 
     def _prompt_ids(self, problem: tuple[int, int]) -> list[int]:
         if problem not in self.prompt_cache:
-            from recipe.darl.example.warm_start import _ids, encode_prompts
-            self.prompt_cache[problem] = _ids(encode_prompts(self.tokenizer, [problem])[0])
+            from recipe.darl.example.warm_start import encode_prompts
+            self.prompt_cache[problem] = encode_prompts(self.tokenizer, [problem])[0]
         return self.prompt_cache[problem]
 
     def _next_problems(self) -> list[tuple[int, int]]:
@@ -227,8 +222,9 @@ class Harness:
         return out
 
     def _score(self, text: str, problem: tuple[int, int]) -> float:
-        if self.config.reward == "digits":
-            return digit_share(text)
+        if self.config.reward == "digits":  # dense test reward: the long-tail example's share of digit characters
+            from recipe.darl.example.longtail import compute_score as digit_share
+            return digit_share("", text, "")
         from recipe.darl.example.arithmetic import DATA_SOURCE, compute_score
         return compute_score(DATA_SOURCE, text, str(problem[0] + problem[1]))
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
-import hashlib
 import json
 import os
 import platform
@@ -26,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
+
+from .example.build import sha256
 
 # benchmark name -> (path under --data-dir, shown name)
 BENCHMARKS = {
@@ -151,14 +152,6 @@ def make_backend(choice: str, model_dir: str, tokenizer, args) -> object:
     return TransformersBackend(model_dir, tokenizer, batch_size=args.batch_size, dtype=args.dtype)
 
 
-def sha256_of(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def load_problems(path: str, limit: Optional[int] = None) -> list[dict]:
     import pandas as pd
 
@@ -234,7 +227,7 @@ def evaluate(model: str, benchmarks: Sequence[str], data_files: dict[str, str], 
             sampled_scores = score_all(problems, sampled_text, score_workers)
             _dump(gen_file, name, "sampled", problems, sampled_text, sampled_scores)
             scores = summarize(greedy_scores, sampled_scores, k)
-            record["benchmarks"][name] = {"data_file": str(Path(data_files[name]).resolve()), "sha256": sha256_of(data_files[name]),
+            record["benchmarks"][name] = {"data_file": str(Path(data_files[name]).resolve()), "sha256": sha256(data_files[name]),
                                           "scores": scores, "seconds": round(time.time() - t0, 2)}
             print(f"{name}: {scores}", flush=True)
     record["mean"] = _mean_scores(record["benchmarks"], k)

@@ -21,7 +21,7 @@ import importlib.util
 import os
 import sys
 from contextlib import contextmanager
-from typing import Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 ENV = "DARL_PROBES"
 HOOK_MODULE = "darl_probe_hooks"  # the name the hook module is loaded under
@@ -74,8 +74,16 @@ def probe_after(obj, attr: str, point: str, step: int):
         probe(point, step)
         return result
 
-    setattr(obj, attr, wrapped)
+    with swapped(obj, attr, wrapped):
+        yield
+
+
+@contextmanager
+def swapped(obj, name: str, value: Any) -> Iterator[None]:
+    """`obj.name` is `value` inside the block, its old value again after (a struct DictConfig's key included)."""
+    saved = getattr(obj, name)
+    setattr(obj, name, value)
     try:
         yield
     finally:
-        setattr(obj, attr, original)
+        setattr(obj, name, saved)

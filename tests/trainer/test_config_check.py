@@ -143,6 +143,9 @@ def test_the_v1_config_and_a_replay_setup_are_valid(compose_config):
     separate = ("trainer.v1.trainer_mode=separate_async", "data.train_batch_size=32",
                 "actor_rollout_ref.actor.ppo_mini_batch_size=32")
     assert v1_problems(compose_config(*REPLAY_ON, *separate, config_name="darl_v1_trainer")) == []
+    # without replay verl's own step computes the reference log-probs a KL term reads
+    kl = ("actor_rollout_ref.actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true")
+    assert v1_problems(compose_config(*kl, config_name="darl_v1_trainer")) == []
     # the V0 trainers' rule on the same setting is the opposite one
     assert any("hybrid_engine" in p for p in problems(cfg))
 
@@ -157,6 +160,8 @@ def test_the_v1_config_and_a_replay_setup_are_valid(compose_config):
         (("rollout_shaping.enable=true",), "DARTS runs on the one-step-off and fully-async trainers"),
         (REPLAY_ON + ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"), "log_prob_micro_batch_size_per_gpu=8"),
+        (REPLAY_ON + ("actor_rollout_ref.actor.use_kl_loss=true",), "actor_rollout_ref.actor.use_kl_loss=true"),
+        (REPLAY_ON + ("algorithm.use_kl_in_reward=true",), "algorithm.use_kl_in_reward=true"),
     ],
 )
 def test_each_v1_problem_names_its_key(compose_config, overrides, key):

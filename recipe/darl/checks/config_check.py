@@ -169,6 +169,14 @@ def _v1_problems(cfg: DictConfig, replay: bool) -> list[str]:
         problems.append(f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro} must divide "
                         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={step_micro}: V1 recomputes the old "
                         "log-probs of a replay step's groups in whole micro-batches")
+    # the replay step (trainers/v1.py) runs verl's balance, old-log-prob, advantage and update stages, not its
+    # reference stage: nothing would write the ref_log_prob that a KL term reads
+    if replay and actor.get("use_kl_loss", False):
+        problems.append("actor_rollout_ref.actor.use_kl_loss=true with replay on verl's V1 trainer: the replay step "
+                        "computes no reference log-probs (the D-ARL loss's KL term reads them); set it false")
+    if replay and cfg.algorithm.get("use_kl_in_reward", False):
+        problems.append("algorithm.use_kl_in_reward=true with replay on verl's V1 trainer: the replay step computes "
+                        "no reference log-probs (verl's KL penalty in the reward reads them); set it false")
     if (cfg.get("rollout_shaping") or {}).get("enable", False):
         problems.append("rollout_shaping.enable=true: DARTS runs on the one-step-off and fully-async trainers "
                         "(recipe.darl.main_darl, main_fully_async), not on V1")

@@ -14,7 +14,11 @@ import os
 from collections.abc import Callable, Mapping
 from urllib.parse import urlparse
 
+import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from recipe.darl.checks.config_check import resolved_replay_key, step_budget
+from recipe.darl.checks.data_check import _files, data_problems, local_parquet
 
 ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 FALLBACK_ATTN = "sdpa"
@@ -64,11 +68,9 @@ def wandb_credentials_found(env: Mapping[str, str] | None = None, home: str | No
     host = urlparse(env.get("WANDB_BASE_URL") or WANDB_DEFAULT_HOST).hostname or "api.wandb.ai"
     home = home if home is not None else os.path.expanduser("~")
     path = env.get("NETRC") or os.path.join(home, ".netrc")  # where `wandb login` writes the key
-    if not os.path.isfile(path):
-        return False
     try:
         entry = netrc.netrc(path).authenticators(host)
-    except (netrc.NetrcParseError, OSError):
+    except (netrc.NetrcParseError, OSError):  # OSError: no such file, among others
         return False
     return bool(entry and entry[2])
 
@@ -79,9 +81,7 @@ def logger_problems(cfg: DictConfig, env: Mapping[str, str] | None = None, home:
     if loggers is None:
         return []
     names = [loggers] if isinstance(loggers, str) else list(OmegaConf.to_container(loggers, resolve=True))
-    if "wandb" not in names:
-        return []
-    if wandb_credentials_found(env, home):
+    if "wandb" not in names or wandb_credentials_found(env, home):
         return []
     return [f"trainer.logger={names} includes wandb, but no wandb credentials were found: set WANDB_API_KEY "
             "(or run `wandb login`, which writes ~/.netrc for api.wandb.ai; or WANDB_MODE=offline), or drop wandb "
@@ -90,10 +90,6 @@ def logger_problems(cfg: DictConfig, env: Mapping[str, str] | None = None, home:
 
 def parquet_rows(paths: list[str]) -> int | None:
     """Rows of local parquet files from their metadata (None when one is not a readable local parquet file)."""
-    import pyarrow.parquet as pq
-
-    from recipe.darl.checks.data_check import local_parquet
-
     total = 0
     for path in map(local_parquet, paths):
         if path is None:
@@ -108,8 +104,6 @@ def parquet_rows(paths: list[str]) -> int | None:
 def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None] = parquet_rows) -> str | None:
     """The per-prompt store's upper bound (responses, GiB at 9 bytes a token) when `replay.prompt_replay` is on,
     with a warning when `replay.prompt_replay_max_age` is shorter than one pass over the training data."""
-    from recipe.darl.checks.config_check import resolved_replay_key, step_budget
-
     replay = OmegaConf.to_container(cfg.get("replay") or {}, resolve=True)
     per_prompt = resolved_replay_key(replay, "prompt_replay")  # null: the preset's 16
     max_age = replay.get("prompt_replay_max_age")
@@ -121,8 +115,7 @@ def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None
         max_tokens = int(cfg.data.get("max_response_length") or 0)
     except (TypeError, ValueError):  # the config check names the bad value
         return None
-    files = cfg.data.get("train_files")
-    rows = rows_of([files] if isinstance(files, str) else list(files or []))
+    rows = rows_of(_files(cfg.data.get("train_files")))
     bounds = ([rows * per_prompt] if rows is not None else []) + ([max_age * budget * n] if max_age else [])
     if not bounds:
         return (f"[D-ARL] replay.prompt_replay={per_prompt}: the per-prompt store keeps {per_prompt} responses of "
@@ -143,8 +136,6 @@ def preflight(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_impor
               env: Mapping[str, str] | None = None, home: str | None = None) -> tuple[list[str], list[str]]:
     """(problems, lines to print): the logger check, the data check (checks/data_check.py: rows without ground
     truth, empty or overlong prompts), the attention fallback applied to `cfg`, and the per-prompt store's bound."""
-    from recipe.darl.checks.data_check import data_problems
-
     lines = [select_attention(cfg, importable), prompt_store_line(cfg)]
     data, data_lines = data_problems(cfg)
     return logger_problems(cfg, env, home) + data, [line for line in lines if line] + data_lines

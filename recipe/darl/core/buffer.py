@@ -61,14 +61,6 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return len(self.groups)
 
-    @property
-    def in_warmup(self) -> bool:
-        return self.steps_done < self.warmup
-
-    def window_with(self, versions: list[int]) -> list[int]:
-        """The K most recent versions among those seen and `versions`, ascending."""
-        return sorted(set(self.recent_versions) | set(versions))[-self.k :]
-
     def begin_step(self, fresh: list[Group], step: int) -> StepCandidates:
         """Buffered groups in the window (none during warmup), then the fresh ones, then the history groups of
         per-prompt replay (those with equal rewards dropped). Stamps the fresh groups' arrival."""
@@ -80,10 +72,11 @@ class ReplayBuffer:
         kept = [g for g in fresh if not (self.filter_zero_adv and g.zero_advantage)]
         dropped = len(fresh) - len(kept)
         kept += informative
-        window = self.window_with([g.version for g in fresh])
-        in_window = set(window)
-        buffered = [] if self.in_warmup else [g for g in self.groups if g.version in in_window]
-        return StepCandidates(buffered + kept, kept, window, self.in_warmup, dropped, step, list(fresh),
+        # the K most recent versions among those seen and the fresh groups', ascending
+        window = sorted(set(self.recent_versions) | {g.version for g in fresh})[-self.k :]
+        warmup = self.steps_done < self.warmup
+        buffered = [] if warmup else [g for g in self.groups if g.version in window]
+        return StepCandidates(buffered + kept, kept, window, warmup, dropped, step, list(fresh),
                               informative, len(history) - len(informative))
 
     def end_step(self, cands: StepCandidates, trained: list[Group]) -> EvictionStats:
@@ -110,8 +103,8 @@ class ReplayBuffer:
             elif self.max_reuse is not None and group.times_trained >= self.max_reuse:
                 stats.max_reuse += 1
             else:
-                for version in [j for j in group.recorded if j < self.recent_versions[0]]:
-                    del group.recorded[version]  # no longer a source any selected sample can come from
+                # older versions are no longer a source any selected sample can come from
+                group.recorded = {j: lp for j, lp in group.recorded.items() if j >= self.recent_versions[0]}
                 kept.append(group)
         if self.max_groups is not None and len(kept) > self.max_groups:
             oldest_first = sorted(kept, key=lambda g: (g.version, g.seq))
@@ -119,24 +112,19 @@ class ReplayBuffer:
             stats.max_groups = len(evict)
             kept = [g for g in kept if id(g) not in evict]
         self.groups = kept
-        self.totals["evicted_window"] += stats.window
-        self.totals["evicted_max_reuse"] += stats.max_reuse
-        self.totals["evicted_max_groups"] += stats.max_groups
+        for name, count in vars(stats).items():
+            self.totals[f"evicted_{name}"] += count
         return stats
 
     def stats(self) -> dict[str, Any]:
         """Groups and tokens per version, reuse counts and bytes held."""
-        per_version: dict[int, list[int]] = {}
-        for g in self.groups:
-            entry = per_version.setdefault(g.version, [0, 0])
-            entry[0] += 1
-            entry[1] += g.num_tokens
+        versions = sorted({g.version for g in self.groups})
         reuse = [g.times_trained for g in self.groups]
         return {
             "groups": len(self.groups),
-            "tokens": sum(v[1] for v in per_version.values()),
-            "groups_per_version": {v: c[0] for v, c in sorted(per_version.items())},
-            "tokens_per_version": {v: c[1] for v, c in sorted(per_version.items())},
+            "tokens": sum(g.num_tokens for g in self.groups),
+            "groups_per_version": {v: sum(g.version == v for g in self.groups) for v in versions},
+            "tokens_per_version": {v: sum(g.num_tokens for g in self.groups if g.version == v) for v in versions},
             "reuse_mean": float(np.mean(reuse)) if reuse else 0.0,
             "reuse_max": max(reuse, default=0),
             "bytes": sum(g.nbytes() for g in self.groups),

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from .config import is_int
+from .config import is_int, is_number
 
 
 @dataclass
@@ -57,9 +57,9 @@ class DartsConfig:
                        f"got {c.keep_last!r}")
         if not is_int(c.warmup_steps) or c.warmup_steps < 0:
             out.append(f"rollout_shaping.warmup_steps must be an integer >= 0, got {c.warmup_steps!r}")
-        if not _is_number(c.ema_alpha) or not 0 < c.ema_alpha <= 1:
+        if not is_number(c.ema_alpha) or not 0 < c.ema_alpha <= 1:  # rejects nan and inf too
             out.append(f"rollout_shaping.ema_alpha must be in (0, 1], got {c.ema_alpha!r}")
-        if not _is_number(c.mean_ratio) or c.mean_ratio < 1:
+        if not is_number(c.mean_ratio) or not 1 <= c.mean_ratio < math.inf:  # rejects nan too
             out.append(f"rollout_shaping.mean_ratio must be a number >= 1, got {c.mean_ratio!r}")
         for name in ("min_responses", "max_responses"):
             value = getattr(c, name)
@@ -141,8 +141,7 @@ def dual_end_keep(finish_order: Sequence[int], n: int, keep_last: int) -> list[i
     """Of a group's responses listed in the order they finished, the n - L first and the L last (as given)."""
     if len(finish_order) < n:
         raise ValueError(f"{len(finish_order)} responses finished, fewer than the n={n} a group keeps")
-    head = list(finish_order[: n - keep_last])
-    return head + (list(finish_order[len(finish_order) - keep_last:]) if keep_last else [])
+    return list(finish_order[: n - keep_last]) + list(finish_order[len(finish_order) - keep_last:])
 
 
 class LengthSpreadEma:
@@ -169,7 +168,3 @@ class LengthSpreadEma:
 
     def state_dict(self) -> dict[str, float]:
         return dict(self.values)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -116,10 +116,9 @@ def gather_recorded(groups: list[Group], width: int) -> dict[int, tuple[torch.Te
     """Recorded log-probs of `groups` (samples in order): j -> (known [B] bool, log_probs [B, width]), the
     `recorded` input of `weights.batch_weights`."""
     versions = sorted({j for g in groups for j in g.recorded})
-    sizes = [g.n for g in groups]
     out = {}
     for j in versions:
         known = torch.cat([torch.full((g.n,), j in g.recorded, dtype=torch.bool) for g in groups])
         rows = [unpack_rows(g.recorded[j], g.lengths, width) if j in g.recorded else torch.zeros(g.n, width) for g in groups]
-        out[j] = (known, torch.cat(rows) if rows else torch.zeros(sum(sizes), width))
+        out[j] = (known, torch.cat(rows))
     return out

@@ -35,12 +35,6 @@ class StoredResponse:
         return int(self.response_ids.shape[0])
 
 
-def sample_segment(group: Group, i: int) -> slice:
-    """Token slice of response i in the group's packed tensors."""
-    start = int(group.lengths[:i].sum())
-    return slice(start, start + int(group.lengths[i]))
-
-
 class PromptStore:
     """Per prompt (a digest of its token ids), the `per_prompt` most recent responses, usable for `max_age` steps."""
 
@@ -61,30 +55,27 @@ class PromptStore:
             stored = self.store.get(group.prompt_key, [])
             if group.n < 2 or len(stored) < group.n or not group.zero_advantage:
                 continue
-            newest_first = list(reversed(stored))
-            picks = sorted(newest_first, key=lambda s: -s.reward)[: group.n]  # stable: ties stay newest first
+            picks = sorted(reversed(stored), key=lambda s: -s.reward)[: group.n]  # stable: ties stay newest first
             out.append(history_group(group, picks))
         self.totals["history_groups"] += len(out)
         return out
 
-    def add_from(self, groups: list[Group], step: int) -> int:
-        """Stores the responses the groups' own policy generated, drops those past `max_age`; returns how many."""
-        stored = 0
+    def add_from(self, groups: list[Group], step: int) -> None:
+        """Stores the responses the groups' own policy generated, drops those past `max_age`."""
         for group in groups:
             own = (group.versions == group.version).nonzero().flatten().tolist()
             if not own:
                 continue
             entry = self.store.setdefault(group.prompt_key, [])
+            ids, mask, log_probs = (t.split(group.lengths.tolist())
+                                    for t in (group.response_ids, group.response_mask, group.rollout_log_probs))
             for i in own:
-                seg = sample_segment(group, i)
                 entry.append(StoredResponse(
-                    version=group.version, step=step, response_ids=group.response_ids[seg].clone(),
-                    response_mask=group.response_mask[seg].clone(),
-                    rollout_log_probs=group.rollout_log_probs[seg].clone(), reward=float(group.rewards[i]),
+                    version=group.version, step=step, response_ids=ids[i].clone(), response_mask=mask[i].clone(),
+                    rollout_log_probs=log_probs[i].clone(), reward=float(group.rewards[i]),
                     non_tensors={k: v[i] for k, v in group.non_tensors.items() if k not in GROUP_FIELDS}))
                 del entry[:-self.per_prompt]
-                stored += 1
-        self.totals["stored"] += stored
+                self.totals["stored"] += 1
         for key in list(self.store) if self.max_age is not None else ():
             kept = [s for s in self.store[key] if step + 1 - s.step <= self.max_age]
             self.totals["expired"] += len(self.store[key]) - len(kept)
@@ -92,7 +83,6 @@ class PromptStore:
                 self.store[key] = kept
             else:
                 del self.store[key]
-        return stored
 
     def stats(self) -> dict[str, float]:
         # 9 bytes per token, as the buffer: int32 id, bool mask, float32 log-prob

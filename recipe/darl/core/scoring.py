@@ -10,11 +10,8 @@ LOG_RATIO_BOUND = 20.0  # the same safety bound verl's rollout correction uses
 
 def finite_samples(response_mask: torch.Tensor, *log_probs: torch.Tensor) -> torch.Tensor:
     """[B] bool: no NaN or +-inf in any of `log_probs` ([B, L]) at the sample's response tokens."""
-    ok = torch.ones(response_mask.shape[0], dtype=torch.bool, device=response_mask.device)
-    mask = response_mask.bool()
-    for lp in log_probs:
-        ok &= ~(mask & ~torch.isfinite(lp)).any(dim=-1)
-    return ok
+    padding = ~response_mask.bool()
+    return torch.stack([(torch.isfinite(lp) | padding).all(dim=-1) for lp in log_probs]).all(dim=0)
 
 
 def sample_chi2(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor,
@@ -48,7 +45,6 @@ def group_scores(sample_scores: torch.Tensor, group_index: torch.Tensor, num_gro
     """[G] mean of the sample scores of each group; group_index: [B] ints in [0, G)."""
     if sample_scores.shape != group_index.shape:
         raise ValueError(f"group_scores: sample_scores {tuple(sample_scores.shape)} and group_index {tuple(group_index.shape)} differ")
-    sums = torch.zeros(num_groups, dtype=torch.float64, device=sample_scores.device)
-    sums.index_add_(0, group_index, sample_scores.double())
+    sums = torch.bincount(group_index, weights=sample_scores.double(), minlength=num_groups)
     counts = torch.bincount(group_index, minlength=num_groups).clamp(min=1)
     return (sums / counts).to(sample_scores.dtype)

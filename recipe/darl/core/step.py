@@ -50,6 +50,9 @@ class ReplayStep:
     def __init__(self, config: Optional[ReplayConfig]) -> None:
         self.config = config
         self.buffer: Optional[ReplayBuffer] = ReplayBuffer(config) if config is not None else None
+        # the loss settings; without replay, uniform's: own behavior, token-weighted sources, no m2 budget, no clip
+        # decay, no behavior trust region
+        self.weighting = config if config is not None else ReplayConfig(pmis=False)
 
     def plan(self, fresh: list[Group], version: int, budget: int, multiple: int,
              min_multiple: Optional[int]) -> StepPlan:
@@ -70,10 +73,8 @@ class ReplayStep:
         """Stores log pi_old ([N, L], trained samples in order) in each group for later steps' pmis denominators."""
         if self.buffer is None:
             return
-        start = 0
-        for g in plan.trained:
-            g.record(plan.version, old_log_probs[start:start + g.n])
-            start += g.n
+        for g, log_probs in zip(plan.trained, old_log_probs.split([g.n for g in plan.trained])):
+            g.record(plan.version, log_probs)
 
     def loss_inputs(self, plan: StepPlan, response_mask: torch.Tensor, old_log_probs: torch.Tensor,
                     rollout_log_probs: torch.Tensor, threshold: float, clip_low: float, clip_high: float,
@@ -81,27 +82,24 @@ class ReplayStep:
         """Weights of the trained samples ([B, L], `plan.trained` order; minibatch_index: [B]). threshold: C of
         truncated IS; clip_low/high: PPO's eps."""
         versions = torch.cat([g.versions for g in plan.trained])
-        c = self.config
-        behavior = c.resolved_behavior_weight if c is not None else "own"
+        c = self.weighting
+        behavior = c.resolved_behavior_weight
         weights = batch_weights(
-            response_mask, old_log_probs, rollout_log_probs, versions, behavior,
-            c.resolved_source_weight if c is not None else "tokens", threshold,
+            response_mask, old_log_probs, rollout_log_probs, versions, behavior, c.resolved_source_weight, threshold,
             recorded=gather_recorded(plan.trained, response_mask.shape[1]) if behavior == "pmis" else None,
-            minibatch_index=minibatch_index, m2_budget=c.resolved("m2_budget") if c is not None else None)
-        low, high = clip_ranges(versions, plan.version, clip_low, clip_high, c.clip_decay if c is not None else 1.0)
+            minibatch_index=minibatch_index, m2_budget=c.resolved("m2_budget"))
+        low, high = clip_ranges(versions, plan.version, clip_low, clip_high, c.clip_decay)
         return LossInputs(weights, low, high)
 
     def loss(self, log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
              response_mask: torch.Tensor, inputs: LossInputs, rows: torch.Tensor, threshold: float,
              clip_ratio_c: float = 3.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The D-ARL loss of one mini-batch (as the trainers' actor computes it); rows: [b], other tensors [b, L]."""
-        c = self.config
         w = inputs.weights
         return darl_policy_loss(
             log_prob, old_log_prob, advantages, response_mask, w.log_denominator[rows], w.token_coef[rows],
             inputs.clip_low[rows], inputs.clip_high[rows], threshold, clip_ratio_c=clip_ratio_c,
-            stop_grad=c.stop_grad if c is not None else True,
-            behavior_clip=c.behavior_clip_range() if c is not None else None)
+            stop_grad=self.weighting.stop_grad, behavior_clip=self.weighting.behavior_clip_range())
 
     def finish(self, plan: StepPlan) -> Optional[EvictionStats]:
         """Counts reuse of the trained groups, inserts the fresh ones, evicts (None without replay)."""

@@ -128,9 +128,7 @@ def batch_weights(
     # zeros in place of the rejected entries, so no NaN reaches logsumexp or a gradient
     old = torch.where(keep, old_log_probs, 0.0)
     rollout = torch.where(keep, rollout_log_probs, 0.0)
-    rec = None
-    if recorded is not None:
-        rec = {j: (k.bool() & valid, torch.where(keep, lp, 0.0)) for j, (k, lp) in recorded.items()}
+    rec = {j: (k.bool() & valid, torch.where(keep, lp, 0.0)) for j, (k, lp) in (recorded or {}).items()}
     log_denominator = behavior_log_denominator(versions, rollout, rec, behavior_weight)
     log_denominator = torch.where(keep, log_denominator, old)
     gated = torch.zeros_like(keep)
@@ -149,8 +147,8 @@ def batch_weights(
     cells = num_mb * num_sources
 
     def per_cell(values: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(cells, dtype=torch.float64, device=values.device)
-        return out.index_add_(0, cell, values.sum(dim=-1).double()).view(num_mb, num_sources)
+        # .double(): bincount of no samples is int64
+        return torch.bincount(cell, weights=values.sum(dim=-1).double(), minlength=cells).double().view(num_mb, num_sources)
 
     tokens = per_cell(keep.double())
     sum_rho = per_cell(rho)

@@ -17,7 +17,6 @@ import uuid
 import warnings
 from typing import Any, AsyncGenerator, Generator, Optional
 
-import numpy as np
 import ray
 import torch
 
@@ -45,9 +44,7 @@ def bucket_channel_class():
             self._changed = asyncio.Condition()
 
         def _sync(self, sync_id: str) -> dict[str, Any]:
-            if sync_id not in self._syncs:
-                self._syncs[sync_id] = {"posts": [], "acks": {}}
-            return self._syncs[sync_id]
+            return self._syncs.setdefault(sync_id, {"posts": [], "acks": {}})
 
         async def put(self, sync_id: str, post: tuple) -> int:
             async with self._changed:
@@ -78,8 +75,7 @@ def bucket_channel_class():
                 await asyncio.wait_for(self._changed.wait_for(done), timeout=timeout_s)
                 posts = self._syncs[sync_id]["posts"]
                 for i in range(index + 1):
-                    if posts[i] is not None and posts[i][1] is not None:
-                        posts[i] = (posts[i][0], None, posts[i][2])
+                    posts[i] = (posts[i][0], None, posts[i][2])
 
         async def clear(self, sync_id: str) -> None:
             async with self._changed:
@@ -109,7 +105,6 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
         self.sync_id: Optional[str] = None
         self.rank: Optional[int] = None
         self.world_size: Optional[int] = None
-        self.last_metrics: dict[str, float] = {}
         if is_master and ray.is_initialized():
             self._create_channel()  # starts now, while the rest of the job is still being set up
 
@@ -131,18 +126,12 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
         master = metadata[0]
         assert master and "channel" in master, "trainer rank 0 must be the checkpoint engine master"
         world_size = 1 + rollout_world_size
-        common = {"channel": master["channel"], "sync_id": master["sync_id"]}
-        actor_kwargs = {
-            "rank": [0] + [-1] * (actor_wg_world_size - 1),
-            "world_size": [world_size] * actor_wg_world_size,
-            **{key: [value] * actor_wg_world_size for key, value in common.items()},
-        }
-        rollout_kwargs = {
-            "rank": list(range(1, world_size)),
-            "world_size": [world_size] * rollout_world_size,
-            **{key: [value] * rollout_world_size for key, value in common.items()},
-        }
-        return actor_kwargs, rollout_kwargs
+        shared = {"world_size": world_size, "channel": master["channel"], "sync_id": master["sync_id"]}
+
+        def kwargs(ranks: list[int]) -> dict[str, list]:
+            return {"rank": ranks, **{key: [value] * len(ranks) for key, value in shared.items()}}
+
+        return kwargs([0] + [-1] * (actor_wg_world_size - 1)), kwargs(list(range(1, world_size)))
 
     def init_process_group(self, rank: int, world_size: int, channel=None, sync_id: Optional[str] = None):
         self.rank = rank
@@ -173,12 +162,7 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
 
         async def post(is_last: bool):
             nonlocal index, metas, parts, size, total_bytes
-            buffer = np.empty(size, dtype=np.uint8)
-            offset = 0
-            for part in parts:
-                buffer[offset:offset + part.numel()] = part.numpy()
-                offset += part.numel()
-            ref = ray.put(buffer)
+            ref = ray.put(torch.cat(parts or [torch.empty(0, dtype=torch.uint8)]).numpy())
             index = await self.channel.put.remote(self.sync_id, (metas, [ref], is_last))
             inflight.append(ref)
             total_bytes += size
@@ -189,9 +173,7 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
                 del inflight[: len(inflight) - self.max_inflight_buckets]
 
         async for name, tensor in ensure_async_iterator(weights):
-            tensor = tensor.detach()
-            if tensor.device.type != "cpu":
-                tensor = tensor.to("cpu")
+            tensor = tensor.detach().cpu()
             nbytes = tensor.numel() * tensor.element_size()
             if parts and size + nbytes > self.bucket_size:
                 await post(is_last=False)
@@ -209,15 +191,14 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
             await self.channel.wait_acked.remote(self.sync_id, index, receivers, self.timeout_s)
         inflight.clear()
         seconds = time.time() - start
-        self.last_metrics = {
+        logger.info("ray_object_store: sent %d tensors (%.1f MB) in %d buckets, %.2fs, version %s", total_tensors,
+                    total_bytes / 2**20, index + 1, seconds, global_steps)
+        return {
             "checkpoint_engine/payload_mbytes": total_bytes / 2**20,
             "checkpoint_engine/tensors": float(total_tensors),
             "checkpoint_engine/buckets": float(index + 1),
             "checkpoint_engine/send_seconds": seconds,
         }
-        logger.info("ray_object_store: sent %d tensors (%.1f MB) in %d buckets, %.2fs, version %s", total_tensors,
-                    total_bytes / 2**20, index + 1, seconds, global_steps)
-        return dict(self.last_metrics)
 
     async def receive_weights(self, global_steps: Optional[int] = None
                               ) -> AsyncGenerator[tuple[str, torch.Tensor], None]:

@@ -75,14 +75,9 @@ class _CPUDeviceModule(ModuleType):
     def get_device_name(device: Any = None) -> str:
         return "CPU"  # the key of verl.utils.flops_counter._DEVICE_FLOPS for CPUs
 
-    # the CUDA allocator's calls: nothing to do on CPU
+    # the CUDA allocator's calls: nothing to do on CPU, and no accelerator memory in use
     empty_cache = ipc_collect = reset_peak_memory_stats = set_per_process_memory_fraction = staticmethod(_nothing)
-
-    @staticmethod
-    def memory_allocated(device: Any = None) -> int:
-        return 0
-
-    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+    memory_allocated = memory_reserved = max_memory_allocated = max_memory_reserved = staticmethod(lambda device=None: 0)
 
     @staticmethod
     def mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -91,19 +86,10 @@ class _CPUDeviceModule(ModuleType):
         vm = psutil.virtual_memory()
         return vm.available, vm.total
 
-    @staticmethod
-    def get_rng_state(device: Any = None) -> torch.Tensor:
-        return torch.get_rng_state()
-
-    @staticmethod
-    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
-        torch.set_rng_state(state)
-
-    @staticmethod
-    def manual_seed(seed: int) -> None:
-        torch.manual_seed(seed)
-
-    manual_seed_all = manual_seed
+    # the RNG: torch's CPU generator (verl passes no device argument)
+    get_rng_state = staticmethod(torch.get_rng_state)
+    set_rng_state = staticmethod(torch.set_rng_state)
+    manual_seed = manual_seed_all = staticmethod(torch.manual_seed)
 
 
 CPU_DEVICE_MODULE = _CPUDeviceModule()
@@ -138,10 +124,7 @@ class PlatformCPU(PlatformBase):
     def device_count(self) -> int:
         return 1
 
-    def manual_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    manual_seed_all = manual_seed
+    manual_seed = manual_seed_all = staticmethod(torch.manual_seed)
     # no device to select or wait for; no CUDA allocator settings (e.g. "expandable_segments:False"), cache or profiler
     set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
 

@@ -191,12 +191,6 @@ def read_local(path: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def hub_rows(repo: str, config: Optional[str], split: str) -> Iterable[dict]:
-    import datasets
-
-    return datasets.load_dataset(repo, config, split=split) if config else datasets.load_dataset(repo, split=split)
-
-
 LCB_REPO = "livecodebench/code_generation_lite"
 
 
@@ -249,8 +243,10 @@ def raw_rows(spec: DatasetSpec, split: str, *, offline: bool, source: Optional[s
         return spec.offline(split)
     if spec.name == "livecodebench":
         return lcb_hub_rows(lcb_version)
+    import datasets
+
     repo, config = spec.hub
-    return hub_rows(repo, config, spec.hub_split.get(split, split))
+    return datasets.load_dataset(repo, config, split=spec.hub_split.get(split, split))
 
 
 def build_rows(name: str, split: str, raws: Iterable[dict], limit: Optional[int] = None,

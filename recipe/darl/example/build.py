@@ -71,8 +71,12 @@ def _name(settings: ExampleSettings) -> str:
     return f"arithmetic-s{settings.seed}-h{settings.hidden_size}"
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):  # 1 MiB at a time: data and weight files can be large
+            h.update(block)
+    return h.hexdigest()
 
 
 def shipped_weights(settings: ExampleSettings) -> Optional[Path]:

@@ -49,32 +49,26 @@ def build_tokenizer():
     return tokenizer
 
 
-def tiny_qwen3_config(vocab_size: int, pad_token_id: int, eos_token_id: int, hidden_size: int = 64, num_layers: int = 2):
-    """A `Qwen3Config` of the given width and depth: 4 query heads, 2 key-value heads, MLP 4x wide."""
-    from transformers import Qwen3Config
+def build_tiny_model(path: Union[str, os.PathLike], seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> str:
+    """Writes the tiny model and its tokenizer to `path` and returns it; deterministic, global RNG untouched.
+    The model: 4 query heads, 2 key-value heads, MLP 4x wide."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     if hidden_size % 4:
-        raise ValueError(f"tiny_qwen3_config: hidden_size must be a multiple of 4, got {hidden_size}")
-    return Qwen3Config(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=4 * hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=4096,
-        tie_word_embeddings=False, pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=None,
-        torch_dtype="float32",
-    )
-
-
-def build_tiny_model(path: Union[str, os.PathLike], seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> str:
-    """Writes the tiny model and its tokenizer to `path` and returns it; deterministic, global RNG untouched."""
-    import torch
-    from transformers import GenerationConfig, Qwen3ForCausalLM
-
+        raise ValueError(f"build_tiny_model: hidden_size must be a multiple of 4, got {hidden_size}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
 
     tokenizer = build_tokenizer()
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
-    config = tiny_qwen3_config(len(tokenizer), pad_id, eos_id, hidden_size=hidden_size, num_layers=num_layers)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
+        max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=pad_id, eos_token_id=eos_id,
+        bos_token_id=None, torch_dtype="float32",
+    )
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from .arithmetic import compute_score, prompt_text, solution_text
 
@@ -19,15 +20,13 @@ class WarmStartResult:
 
 
 def encode_prompts(tokenizer, problems: list[tuple[int, int]]) -> list[list[int]]:
-    return [
-        tokenizer.apply_chat_template([{"role": "user", "content": prompt_text(a, b)}], add_generation_prompt=True, tokenize=True)
-        for a, b in problems
-    ]
-
-
-def _ids(encoded) -> list[int]:
-    # transformers 5 may return a BatchEncoding from apply_chat_template(tokenize=True)
-    return list(encoded["input_ids"]) if hasattr(encoded, "keys") else list(encoded)
+    out = []
+    for a, b in problems:
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": prompt_text(a, b)}],
+                                                add_generation_prompt=True, tokenize=True)
+        # transformers 5 may return a BatchEncoding from apply_chat_template(tokenize=True)
+        out.append(list(encoded["input_ids"]) if hasattr(encoded, "keys") else list(encoded))
+    return out
 
 
 @torch.no_grad()
@@ -37,7 +36,7 @@ def greedy_accuracy(model, tokenizer, problems: list[tuple[int, int]], max_new_t
     correct = 0
     for start in range(0, len(problems), batch_size):
         chunk = problems[start:start + batch_size]
-        prompts = [_ids(p) for p in encode_prompts(tokenizer, chunk)]
+        prompts = encode_prompts(tokenizer, chunk)
         inputs = tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left", return_tensors="pt")
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
@@ -60,22 +59,18 @@ def warm_start(
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    prompts = [_ids(p) for p in encode_prompts(tokenizer, train_problems)]
+    prompts = encode_prompts(tokenizer, train_problems)
     answers = [tokenizer(solution_text(a, b) + tokenizer.eos_token, add_special_tokens=False)["input_ids"] for a, b in train_problems]
     generator = torch.Generator().manual_seed(seed)
     start, accuracy, step = time.perf_counter(), 0.0, 0
     for step in range(1, max_steps + 1):
         rows = torch.randint(0, len(prompts), (batch_size,), generator=generator).tolist()
-        seqs = [prompts[r] + answers[r] for r in rows]
-        width = max(map(len, seqs))
-        ids = torch.full((batch_size, width), tokenizer.pad_token_id)
-        labels = torch.full((batch_size, width), -100)
-        mask = torch.zeros((batch_size, width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            seq = seqs[i]
-            ids[i, :len(seq)] = torch.tensor(seq)
-            mask[i, :len(seq)] = 1
-            labels[i, len(prompts[r]):len(seq)] = torch.tensor(answers[r])
+        ids = pad_sequence([torch.tensor(prompts[r] + answers[r]) for r in rows], batch_first=True,
+                           padding_value=tokenizer.pad_token_id)
+        mask = pad_sequence([torch.ones(len(prompts[r]) + len(answers[r]), dtype=torch.long) for r in rows],
+                            batch_first=True)
+        labels = pad_sequence([torch.tensor([-100] * len(prompts[r]) + answers[r]) for r in rows], batch_first=True,
+                              padding_value=-100)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()

@@ -22,17 +22,13 @@ from . import code_reward, math_reward
 CODE_SOURCES = frozenset({"openai/openai_humaneval", "livecodebench/code_generation_lite", "humaneval", "livecodebench"})
 
 
-def is_code(data_source: str) -> bool:
-    return str(data_source) in CODE_SOURCES
-
-
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, code_timeout_s: float = code_reward.DEFAULT_TIMEOUT_S,
                   code_memory_mb: int = code_reward.DEFAULT_MEMORY_MB, code_sandbox: str = "auto", **kwargs) -> float:
     """Score of one response: 1.0 correct, 0.0 otherwise (wrong, malformed, timed out, crashed)."""
-    if is_code(data_source):
+    if str(data_source) in CODE_SOURCES:
         return code_reward.compute_score(solution_str, ground_truth, timeout_s=code_timeout_s, memory_mb=code_memory_mb,
                                          sandbox=code_sandbox)
     return math_reward.compute_score(solution_str, ground_truth)
 
 
-__all__ = ["compute_score", "is_code", "CODE_SOURCES", "code_reward", "math_reward"]
+__all__ = ["compute_score", "CODE_SOURCES", "code_reward", "math_reward"]

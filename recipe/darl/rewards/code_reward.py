@@ -14,6 +14,7 @@ Ground truth: a JSON string (one parquet column type for every code dataset):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -130,16 +131,12 @@ class Candidate:
         return answer
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # the program and anything it left in its session
-        except (ProcessLookupError, PermissionError):
-            pass
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
-            try:
+            with contextlib.suppress(OSError):
                 stream.close()
-            except OSError:
-                pass
         shutil.rmtree(self.work, ignore_errors=True)
 
 
@@ -154,8 +151,6 @@ def outputs_match(got: str, expected: str) -> bool:
     """Line by line after stripping; tokens that are numbers may differ by 1e-6 (relative or absolute)."""
     got_lines = [line.strip() for line in got.strip().splitlines()]
     exp_lines = [line.strip() for line in expected.strip().splitlines()]
-    if got_lines == exp_lines:
-        return True
     if len(got_lines) != len(exp_lines):
         return False
     for g, e in zip(got_lines, exp_lines):
@@ -233,23 +228,6 @@ def sandbox_level(sandbox: str = "auto") -> str:
     return _levels[sandbox]
 
 
-def run_tests(code: str, spec: dict, timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
-              sandbox: str = "auto") -> bool:
-    """Runs `code` against `spec`'s tests; True only when every test passed."""
-    sandbox_level(sandbox)
-    kind = "stdin" if spec["kind"] == "stdin" else "call"
-    name = spec.get("fn_name") if spec["kind"] == "functional" else spec.get("entry_point")
-    candidate = None
-    try:
-        candidate = Candidate(code, kind, name, timeout_s, memory_mb, sandbox)
-        return _passes(candidate, spec)
-    except Exception:  # a failed assert, the program's failure, or a value the check could not use
-        return False
-    finally:
-        if candidate is not None:
-            candidate.close()
-
-
 def compute_score(solution_str: str, ground_truth, timeout_s: float = DEFAULT_TIMEOUT_S,
                   memory_mb: int = DEFAULT_MEMORY_MB, sandbox: str = "auto") -> float:
     """1.0 when the response's last code block passes every test, else 0.0 (never raises on the response)."""
@@ -263,6 +241,13 @@ def compute_score(solution_str: str, ground_truth, timeout_s: float = DEFAULT_TI
         code = extract_code(solution_str)
         if code is None:
             return 0.0
-        return 1.0 if run_tests(build_program(code, spec), spec, timeout_s, memory_mb, sandbox) else 0.0
-    except Exception:
+        kind = "stdin" if spec["kind"] == "stdin" else "call"
+        name = spec.get("fn_name") if spec["kind"] == "functional" else spec.get("entry_point")
+        # a Candidate that fails to start closes itself
+        candidate = Candidate(build_program(code, spec), kind, name, timeout_s, memory_mb, sandbox)
+        try:
+            return 1.0 if _passes(candidate, spec) else 0.0
+        finally:
+            candidate.close()
+    except Exception:  # a failed assert, the program's failure, a value the check could not use, or a malformed spec
         return 0.0

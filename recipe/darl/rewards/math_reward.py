@@ -13,27 +13,13 @@ import threading
 MAIN_THREAD_TIMEOUT_S = 5
 
 
-class _DropTimeoutNotice(logging.Filter):
+def _drop_timeout_notice(record: logging.LogRecord) -> bool:
     """math-verify warns on every call made with its time limits off; once is known, keep the logs readable."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Timeout is disabled")
+    return not str(record.msg).startswith("Timeout is disabled")
 
 
 for _name in ("math_verify.parser", "math_verify.grader"):
-    logging.getLogger(_name).addFilter(_DropTimeoutNotice())
-
-
-def final_text(solution_str: str) -> str:
-    """The part of a response after the last `</think>` (the whole response when there is none)."""
-    marker = "</think>"
-    return solution_str.rsplit(marker, 1)[1] if marker in solution_str else solution_str
-
-
-def _timeouts() -> dict:
-    if threading.current_thread() is threading.main_thread():
-        return {"parsing_timeout": MAIN_THREAD_TIMEOUT_S, "timeout_seconds": MAIN_THREAD_TIMEOUT_S}
-    return {"parsing_timeout": None, "timeout_seconds": None}
+    logging.getLogger(_name).addFilter(_drop_timeout_notice)
 
 
 def compute_score(solution_str: str, ground_truth: str) -> float:
@@ -45,19 +31,19 @@ def compute_score(solution_str: str, ground_truth: str) -> float:
 
     if not isinstance(solution_str, str) or not solution_str.strip():
         return 0.0
-    limits = _timeouts()
+    timeout = MAIN_THREAD_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     try:
         gold_text = str(ground_truth).strip()
-        gold = parse(f"$\\boxed{{{gold_text}}}$", parsing_timeout=limits["parsing_timeout"])
+        gold = parse(f"$\\boxed{{{gold_text}}}$", parsing_timeout=timeout)
         if not gold:
-            gold = parse(gold_text, parsing_timeout=limits["parsing_timeout"])
+            gold = parse(gold_text, parsing_timeout=timeout)
         pred = parse(
-            final_text(solution_str),
+            solution_str.rsplit("</think>", 1)[-1],  # after the last </think> (all of it when there is none)
             extraction_config=[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
-            parsing_timeout=limits["parsing_timeout"],
+            parsing_timeout=timeout,
         )
         if not gold or not pred:
             return 0.0
-        return 1.0 if verify(gold, pred, timeout_seconds=limits["timeout_seconds"]) else 0.0
+        return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
     except Exception:  # math-verify's parsers can raise on odd LaTeX; a malformed answer scores 0
         return 0.0

@@ -10,6 +10,7 @@ naming a missing folder (verl would silently train from scratch and overwrite th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -25,19 +26,6 @@ STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 class CorruptCheckpointError(RuntimeError):
     """A checkpoint file that is torn, truncated or corrupted; the message names the file."""
-
-
-def _fsync_dir(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def atomic_write_bytes(path: str, data: bytes, before_replace: Optional[Callable[[], None]] = None) -> None:
@@ -58,30 +46,29 @@ def atomic_write_bytes(path: str, data: bytes, before_replace: Optional[Callable
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    _fsync_dir(folder)
+    with contextlib.suppress(OSError):  # the rename made durable: fsync the folder
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     # a temporary file of an earlier, killed write of the same target
     prefix = os.path.basename(path) + ".tmp."
     for name in os.listdir(folder):
         if name.startswith(prefix):
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(os.path.join(folder, name))
-            except OSError:
-                pass
-
-
-def encode_checked(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    payload = buf.getvalue()
-    header = b"%s sha256=%s bytes=%d\n" % (MAGIC, hashlib.sha256(payload).hexdigest().encode(), len(payload))
-    return header + payload
 
 
 def write_checked(path: str, obj: Any, before_replace: Optional[Callable[[], None]] = None) -> str:
     """`torch.save(obj)` to `path` atomically, with a checksum header; returns the payload's sha256."""
-    data = encode_checked(obj)
-    atomic_write_bytes(path, data, before_replace)
-    return data[len(MAGIC) + 8:len(MAGIC) + 8 + 64].decode()
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    payload = buf.getvalue()
+    digest = hashlib.sha256(payload).hexdigest()
+    header = b"%s sha256=%s bytes=%d\n" % (MAGIC, digest.encode(), len(payload))
+    atomic_write_bytes(path, header + payload, before_replace)
+    return digest
 
 
 def read_checked(path: str) -> Any:

@@ -22,23 +22,14 @@ class RewardError(RuntimeError):
     """A reward function raised or outlived `faults.reward_timeout_s`; names the function and the sample."""
 
 
-def reward_name(config) -> str:
-    fn = config.reward.get("custom_reward_function") or {}
-    if fn.get("path"):
-        return f"{fn.get('name') or 'compute_score'} from {fn.get('path')}"
-    return "verl's default_compute_score"
-
-
 def describe_sample(data) -> str:
     item = data[-1]
     nt = item.non_tensor_batch
     extra = nt.get("extra_info", {}) or {}
     reward_model = nt.get("reward_model", {}) or {}
     parts = [f"data_source={nt.get('data_source')!r}"]
-    if isinstance(extra, dict) and "index" in extra:
-        parts.append(f"index={extra['index']!r}")
-    if isinstance(extra, dict) and "split" in extra:
-        parts.append(f"split={extra['split']!r}")
+    if isinstance(extra, dict):
+        parts += [f"{key}={extra[key]!r}" for key in ("index", "split") if key in extra]
     parts.append(f"ground_truth={str(reward_model.get('ground_truth'))[:80]!r}")
     return ", ".join(parts)
 
@@ -51,7 +42,9 @@ class GuardedRewardManager(NaiveRewardManager):
         faults = config.get("faults") or {}
         self.timeout_s = float(faults.get("reward_timeout_s") or 0) or None
         self.on_error = faults.get("reward_errors", "raise") or "raise"
-        self.reward_name = reward_name(config)
+        fn = config.reward.get("custom_reward_function") or {}
+        self.reward_name = (f"{fn.get('name') or 'compute_score'} from {fn.get('path')}" if fn.get("path")
+                            else "verl's default_compute_score")
         self._keys: list[str] = []  # extra-info keys of a successful call, filled with 0.0 on a failure
         self.failures = 0
 
@@ -83,10 +76,8 @@ class GuardedRewardManager(NaiveRewardManager):
 
 
 def sanitize_rewards(reward_tensor: torch.Tensor) -> int:
-    """Replaces NaN/inf token rewards by 0 in place; returns how many samples (rows) had one."""
-    bad = ~torch.isfinite(reward_tensor)
-    if not bad.any():
-        return 0
-    rows = int(bad.any(dim=-1).sum()) if reward_tensor.dim() > 1 else int(bad.sum())
-    reward_tensor[bad] = 0.0
+    """Replaces NaN/inf token rewards of a [B, L] `reward_tensor` by 0 in place; returns how many samples (rows)
+    had one."""
+    rows = int((~torch.isfinite(reward_tensor)).any(dim=-1).sum())
+    reward_tensor.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     return rows

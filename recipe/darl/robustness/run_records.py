@@ -23,11 +23,6 @@ _ID_CHARS = string.ascii_lowercase + string.digits
 _ID = re.compile(r"^[a-z0-9]{8}$")
 
 
-def _loggers(config: DictConfig) -> list[str]:
-    names = config.trainer.get("logger", []) or []
-    return [names] if isinstance(names, str) else list(names)
-
-
 def file_logger_path(config: DictConfig, env: Optional[Mapping[str, str]] = None) -> str:
     """Where verl's `FileLogger` writes, as an absolute path; `env` defaults to this process's environment."""
     env = os.environ if env is None else env
@@ -64,18 +59,13 @@ def keep_metrics_file(path: str) -> str | None:
     return kept
 
 
-def _will_resume(config: DictConfig, ckpt_dir: str) -> bool:
-    mode = config.trainer.get("resume_mode", "auto")
-    if mode == "resume_path":
-        return True
-    return mode == "auto" and os.path.exists(os.path.join(ckpt_dir, TRACKER_FILE))
-
-
 def wandb_run_id(config: DictConfig) -> tuple[str, str]:
     """(id, how): the id in `<default_local_dir>/wandb_run_id` when this launch resumes, else a new one saved there."""
     ckpt_dir = os.path.abspath(config.trainer.default_local_dir)
     id_file = os.path.join(ckpt_dir, WANDB_ID_FILE)
-    if os.path.exists(id_file) and _will_resume(config, ckpt_dir):
+    mode = config.trainer.get("resume_mode", "auto")
+    resumes = mode == "resume_path" or (mode == "auto" and os.path.exists(os.path.join(ckpt_dir, TRACKER_FILE)))
+    if os.path.exists(id_file) and resumes:
         with open(id_file) as f:
             run_id = f.read().strip()
         if _ID.match(run_id):
@@ -86,16 +76,12 @@ def wandb_run_id(config: DictConfig) -> tuple[str, str]:
     return run_id, f"new, id written to {id_file}"
 
 
-def _to_ray_workers(config: DictConfig, env: dict[str, str]) -> None:
-    for key, value in env.items():
-        OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value, force_add=True)
-
-
 def keep_run_records(config: DictConfig) -> dict:
     """Called in the driver before verl's run_ppo. Keeps the earlier launch's metrics file and points wandb at the
     run being resumed; prints one line saying what it did. Returns {"kept": renamed metrics file or None,
     "metrics": the file this launch writes or None, "wandb_run_id": the exported id or None}."""
-    loggers = _loggers(config)
+    loggers = config.trainer.get("logger", []) or []
+    loggers = [loggers] if isinstance(loggers, str) else list(loggers)
     done = {"kept": None, "metrics": None, "wandb_run_id": None}
     said = []
     if "file" in loggers:
@@ -112,7 +98,10 @@ def keep_run_records(config: DictConfig) -> dict:
             run_id, how = wandb_run_id(config)
             os.environ["WANDB_RUN_ID"] = run_id
             os.environ.setdefault("WANDB_RESUME", "allow")
-        _to_ray_workers(config, {k: os.environ[k] for k in ("WANDB_RUN_ID", "WANDB_RESUME") if k in os.environ})
+        for key in ("WANDB_RUN_ID", "WANDB_RESUME"):  # to Ray's workers, where verl creates its trackers
+            if key in os.environ:
+                OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", os.environ[key],
+                                 force_add=True)
         done["wandb_run_id"] = run_id
         said.append(f"wandb run {run_id} ({how}; WANDB_RESUME={os.environ.get('WANDB_RESUME', '')})")
     if said:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Optional
 
 import numpy as np
@@ -42,7 +41,7 @@ def groups_from_batch(batch: DataProto, scores: torch.Tensor) -> list[Group]:
     if any(v is None for v in versions):
         raise ValueError(f"some samples have no {VERSION_KEY}: the rollout server must return version stamps")
 
-    rows_of: OrderedDict[str, list[int]] = OrderedDict()
+    rows_of: dict[str, list[int]] = {}
     for i, uid in enumerate(batch.non_tensor_batch["uid"]):
         rows_of.setdefault(str(uid), []).append(i)
     groups = []

@@ -19,7 +19,6 @@ from ray import cloudpickle
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
 from recipe.darl.robustness.checkpoint_files import read_checked, write_checked
-from recipe.darl.probes import probe
 from recipe.darl.robustness.rollout_watch import (RolloutServerError, generation_timeout, guard_generation, guard_weight_sync_async,
                                   server_error, server_states)
 from recipe.darl.trainers.replay_mixin import ReplayStepMixin
@@ -48,9 +47,6 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
     def _replay_version(self) -> int:
         return int(self.current_param_version)
 
-    def _replay_budget(self) -> int:
-        return int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size) * int(self.require_batches)
-
     def _checkpoint_folder(self) -> str:
         root = os.path.abspath(self.config.trainer.default_local_dir)
         return os.path.join(root, f"global_step_{self.current_param_version}")
@@ -68,7 +64,6 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
         for item in items:
             ray.get(client.queue_actor.put_sample.remote(item))
         samples = [x for x in items if x is not None]
-        os.makedirs(folder, exist_ok=True)
         write_checked(os.path.join(folder, QUEUE_FILE), {"samples": samples})
         print(f"[D-ARL] saved {len(samples)} generated but untrained sample(s) to {folder}/{QUEUE_FILE}")
         return len(samples)
@@ -125,10 +120,6 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
             what=f"collecting the samples of trainer step {self.global_steps} (parameter version "
                  f"{self.current_param_version})",
             timeout_s=generation_timeout(self.config), handles=handles, addresses=addresses)
-
-    def _fit_update_actor(self, batch):
-        probe("update", self.global_steps)  # trainer step; the rollouter keeps generating meanwhile
-        return super()._fit_update_actor(batch)
 
     def _fit_save_checkpoint(self, force=False):
         super()._fit_save_checkpoint(force)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
-from recipe.darl.probes import probe
 from recipe.darl.robustness.rollout_watch import generation_timeout, guard_generation, guard_weight_sync
 from recipe.darl.trainers.replay_mixin import BUFFER_FILE, ReplayStepMixin
 from recipe.darl.trainers.run_guard import RunGuardMixin
@@ -47,10 +46,6 @@ class DarlTrainer(RunGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
         return guard_weight_sync(super()._fit_update_weights, handles=handles, addresses=addresses,
                                  what=f"syncing weights to the rollout at trainer step {self.global_steps}",
                                  timeout_s=generation_timeout(self.config))
-
-    def _fit_update_actor(self, batch):
-        probe("update", self.global_steps)
-        return super()._fit_update_actor(batch)
 
     def _fit_save_checkpoint(self):
         if not self._stop_requested():

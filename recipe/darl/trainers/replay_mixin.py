@@ -19,11 +19,11 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 from verl.utils.config import omega_conf_to_dataclass
-from verl.utils.fs import local_mkdir_safe
 
 from recipe.darl.workers.actor_loss import darl_loss
 from recipe.darl.robustness.checkpoint_files import read_checked, write_checked
-from recipe.darl.probes import probe
+from recipe.darl.checks.config_check import step_budget
+from recipe.darl.probes import probe, swapped
 from ..core import Group, ReplayBuffer, ReplayConfig, ReplayStep, StepPlan, group_multiple, group_scores, sample_chi2
 from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, minibatch_index, replay_metrics
 
@@ -38,8 +38,8 @@ class ReplayStepMixin:
         return self.global_steps
 
     def _replay_budget(self) -> int:
-        """B: the groups a step trains on without replay (one-step-off: `data.train_batch_size`)."""
-        return int(self.config.data.train_batch_size)
+        """B: the groups a step trains on without replay (`checks.config_check.step_budget`)."""
+        return step_budget(self.config)
 
     def _init_replay(self, config) -> None:
         self.replay = ReplayConfig.from_dict(OmegaConf.to_container(config.replay, resolve=True))
@@ -89,8 +89,18 @@ class ReplayStepMixin:
             return super()._fit_compute_log_prob(batch)
         widths = batch.batch["prompts"].shape[1], batch.batch["responses"].shape[1]
 
-        # one batched old_log_prob forward over the trained groups only, recorded as this version's pi_old
-        chosen = self._old_log_probs(plan.trained, *widths, batch.meta_info, timing)
+        # one batched old_log_prob forward over the trained groups only (verl's hook), recorded as this version's
+        # pi_old; the group count varies: padded to what the workers' split needs, as verl's dispatch would
+        merged = batch_from_groups(plan.trained, *widths, batch.meta_info)
+        merged.meta_info["global_token_num"] = merged.batch["attention_mask"].sum(-1).tolist()  # kept by (un)padding
+        t0 = time.perf_counter()
+        rollout = self.config.actor_rollout_ref.rollout
+        divisor = self._dp_size()
+        if not rollout.get("log_prob_use_dynamic_bsz", False):
+            divisor *= int(rollout.log_prob_micro_batch_size_per_gpu or 1)
+        padded, pad = pad_dataproto_to_divisor(merged, divisor)
+        chosen = unpad_dataproto(super()._fit_compute_log_prob(padded), pad)
+        timing["recompute"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.replay_step.record(plan, chosen.batch["old_log_probs"])
         state["scores"] = self._chi2(plan.trained, chosen)
@@ -102,7 +112,10 @@ class ReplayStepMixin:
             minibatch=minibatch_index(len(chosen), state["mini_batch_groups"] * n, self._dp_size()),
         )
         timing["weights"] = time.perf_counter() - t0
-        return self._use_rewards_of(chosen)
+        # the step's rewards, read by `_fit_compute_advantage`, are those of the trained rows
+        self.reward_tensor = chosen.batch["token_level_scores"]
+        self.reward_extra_infos_dict = {k: chosen.non_tensor_batch[k] for k in self.reward_extra_infos_dict}
+        return chosen
 
     def _group_multiples(self) -> tuple[int, Optional[int]]:
         """(groups of a full mini-batch, the fewest groups one smaller mini-batch may hold; None: none fits)."""
@@ -114,33 +127,10 @@ class ReplayStepMixin:
         smallest = per_step // math.gcd(per_step, n)
         return full, (smallest if smallest <= full else None)
 
-    def _use_rewards_of(self, batch: DataProto) -> DataProto:
-        """Points the step's rewards (read by `_fit_compute_advantage`) and token counts at the rows of `batch`."""
-        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-        self.reward_tensor = batch.batch["token_level_scores"]
-        self.reward_extra_infos_dict = {k: batch.non_tensor_batch[k] for k in self.reward_extra_infos_dict}
-        return batch
-
     def _clip(self, key: str) -> float:
         actor = self.config.actor_rollout_ref.actor
         value = actor.get(key)
         return float(actor.clip_ratio if value is None else value)
-
-    def _old_log_probs(self, groups: list[Group], prompt_width: int, response_width: int, meta_info: dict,
-                       timing: dict) -> DataProto:
-        """The groups in verl's layout with `old_log_probs`: one batched forward of verl's old_log_prob hook."""
-        merged = batch_from_groups(groups, prompt_width, response_width, meta_info)
-        merged.meta_info["global_token_num"] = merged.batch["attention_mask"].sum(-1).tolist()
-        t0 = time.perf_counter()
-        # the group count varies: pad to what the workers' split needs, as verl's dispatch would
-        rollout = self.config.actor_rollout_ref.rollout
-        divisor = self._dp_size()
-        if not rollout.get("log_prob_use_dynamic_bsz", False):
-            divisor *= int(rollout.log_prob_micro_batch_size_per_gpu or 1)
-        padded, pad = pad_dataproto_to_divisor(merged, divisor)
-        padded = super()._fit_compute_log_prob(padded)
-        timing["recompute"] = time.perf_counter() - t0
-        return unpad_dataproto(padded, pad)
 
     def _chi2(self, groups: list[Group], merged: DataProto) -> list[float]:
         """chi2 group scores of the trained groups, for the `replay/chi2_*` metrics."""
@@ -149,18 +139,15 @@ class ReplayStepMixin:
         return group_scores(sample, index, len(groups)).tolist()
 
     def _fit_update_actor(self, batch: DataProto) -> DataProto:
+        probe("update", self.global_steps)  # trainer step (fully-async: the rollouter keeps generating meanwhile)
         if not self.replay.enable:
             return super()._fit_update_actor(batch)
         state = self._step_state
         plan: StepPlan = state["plan"]
         if not plan.selection.skipped:
-            actor = self.config.actor_rollout_ref.actor
-            full = actor.ppo_mini_batch_size
-            actor.ppo_mini_batch_size = state["mini_batch_groups"]  # fewer groups than a mini-batch: one smaller
-            try:
+            # fewer groups than a mini-batch: one smaller
+            with swapped(self.config.actor_rollout_ref.actor, "ppo_mini_batch_size", state["mini_batch_groups"]):
                 batch = super()._fit_update_actor(batch)
-            finally:
-                actor.ppo_mini_batch_size = full
         t0 = time.perf_counter()
         evicted = self.replay_step.finish(plan)
         state["timing"]["buffer"] = time.perf_counter() - t0
@@ -169,13 +156,11 @@ class ReplayStepMixin:
         self._step_state = None
         return batch
 
-    def save_replay(self, folder: str) -> None:
-        """Writes the buffer into a checkpoint folder (atomic, checksummed). Call before verl writes its tracker, so
-        a checkpoint that resume can find always holds the buffer."""
+    def save_replay(self, folder: str, step: int = -1) -> None:
+        """Writes the buffer into a checkpoint folder (atomic, checksummed) of step `step` (the fault hook's key).
+        Call before verl writes its tracker, so a checkpoint that resume can find always holds the buffer."""
         if self.buffer is None:
             return
-        local_mkdir_safe(folder)
-        step = _folder_step(folder)
         write_checked(os.path.join(folder, BUFFER_FILE), {"replay": self.buffer.state_dict(), "config": vars(self.replay)},
                       before_replace=lambda: probe("buffer_write", step))
 
@@ -193,9 +178,3 @@ class ReplayStepMixin:
         b = self.buffer
         print(f"[D-ARL] restored the replay buffer: {len(b)} groups, versions {sorted({g.version for g in b.groups})}, "
               f"steps_done {b.steps_done}, next_seq {b.next_seq}, from {path}")
-
-
-def _folder_step(folder: str) -> int:
-    """t of a `global_step_<t>` folder (-1 for another name): the step the fault hook is keyed by."""
-    name = os.path.basename(os.path.normpath(folder))
-    return int(name[len("global_step_"):]) if name.startswith("global_step_") and name[12:].isdigit() else -1

@@ -11,7 +11,6 @@ import os
 from typing import Any, Callable, Optional
 
 import ray
-import torch
 
 from recipe.darl.core.darts import DartsConfig
 from recipe.darl.probes import probe
@@ -32,7 +31,7 @@ class RunGuardMixin:
     def _save_state_then(self, folder: str, step: int, verl_save: Callable[[], Any],
                          extra: Callable[[str], Any] = lambda folder: None) -> Any:
         """Writes the buffer, DARTS' EMA and `extra(folder)`, then runs `verl_save` with rotation after its tracker."""
-        self.save_replay(folder)
+        self.save_replay(folder, step)
         self.save_darts(folder)
         extra(folder)
         probe("after_buffer", step)
@@ -98,29 +97,23 @@ class RunGuardMixin:
               f"({os.path.abspath(self.config.trainer.default_local_dir)}); training ends", flush=True)
 
     def _fit_compute_reward(self, batch):
+        # verl's hook set `reward_tensor` (the batch's rm_scores) and `reward_extra_infos_dict`; fit_step set `metrics`
         batch = super()._fit_compute_reward(batch)
-        metrics = getattr(self, "metrics", None)
-        if self.darts.enable and metrics is not None:  # the step's rollout_shaping/ metrics, from the manager
-            metrics.update(self._darts_call("pop_metrics"))
+        if self.darts.enable:  # the step's rollout_shaping/ metrics, from the manager
+            self.metrics.update(self._darts_call("pop_metrics"))
         # counted, then removed: buffered groups must keep the non-tensor fields of runs saved without the flag
-        extra = getattr(self, "reward_extra_infos_dict", None) or {}
-        failed = extra.pop(FAILED_KEY, None)
+        failed = self.reward_extra_infos_dict.pop(FAILED_KEY, None)
         batch.non_tensor_batch.pop(FAILED_KEY, None)
         keys = batch.meta_info.get("reward_extra_keys")
         if isinstance(keys, list) and FAILED_KEY in keys:
             batch.meta_info["reward_extra_keys"] = [k for k in keys if k != FAILED_KEY]
-        if failed is not None and metrics is not None:
-            metrics["faults/reward_failed"] = float(sum(float(x) for x in failed))
-        reward = getattr(self, "reward_tensor", None)
-        if isinstance(reward, torch.Tensor):
-            n = sanitize_rewards(reward)
-            if "token_level_scores" in batch.batch.keys() and batch.batch["token_level_scores"] is not reward:
-                sanitize_rewards(batch.batch["token_level_scores"])
-            if metrics is not None:
-                metrics["faults/nonfinite_rewards"] = float(n)
-            if n:
-                print(f"[D-ARL] step {getattr(self, 'global_steps', '?')}: {n} sample(s) with a NaN or infinite reward "
-                      "scored 0.0 (faults/nonfinite_rewards)", flush=True)
+        if failed is not None:
+            self.metrics["faults/reward_failed"] = float(sum(float(x) for x in failed))
+        n = sanitize_rewards(self.reward_tensor)
+        self.metrics["faults/nonfinite_rewards"] = float(n)
+        if n:
+            print(f"[D-ARL] step {getattr(self, 'global_steps', '?')}: {n} sample(s) with a NaN or infinite reward "
+                  "scored 0.0 (faults/nonfinite_rewards)", flush=True)
         return batch
 
     def _darts_call(self, name: str, *args) -> Any:
@@ -137,7 +130,6 @@ class RunGuardMixin:
 
     def save_darts(self, folder: str) -> None:
         if self.darts.enable:
-            os.makedirs(folder, exist_ok=True)
             write_checked(os.path.join(folder, DARTS_FILE), self._darts_call("darts_state"))
 
     def load_darts(self, folder: str) -> Optional[int]:

@@ -8,26 +8,16 @@ reference to swap the real global: hence here, neither in a trainer's module nor
 
 from __future__ import annotations
 
-import contextlib
-
 import ray
 from verl.experimental.fully_async_policy import fully_async_main
 from verl.experimental.one_step_off_policy import main_ppo as one_step_off_main
 from verl.trainer import main_ppo
 
+from recipe.darl.probes import swapped
+
 OneStepTaskRunnerBase = one_step_off_main.OneStepTaskRunner.__ray_metadata__.modified_class.__ray_actor_class__
 FullyAsyncTaskRunnerBase = fully_async_main.FullyAsyncTaskRunner.__ray_metadata__.modified_class.__ray_actor_class__
 TaskRunnerV1Base = main_ppo.TaskRunnerV1.__ray_metadata__.modified_class.__ray_actor_class__
-
-
-@contextlib.contextmanager
-def _swapped(module, name: str, value):
-    saved = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, saved)
 
 
 class DarlTaskRunnerImpl(OneStepTaskRunnerBase):
@@ -36,7 +26,7 @@ class DarlTaskRunnerImpl(OneStepTaskRunnerBase):
     def run(self, config) -> None:
         from .one_step_off import DarlTrainer
 
-        with _swapped(one_step_off_main, "OneStepOffRayTrainer", DarlTrainer):
+        with swapped(one_step_off_main, "OneStepOffRayTrainer", DarlTrainer):
             super().run(config)
 
 
@@ -46,7 +36,7 @@ class DarlFullyAsyncTaskRunnerImpl(FullyAsyncTaskRunnerBase):
     def _create_trainer(self, config) -> None:
         from .fully_async import DarlFullyAsyncTrainer
 
-        with _swapped(fully_async_main, "FullyAsyncTrainer", DarlFullyAsyncTrainer):
+        with swapped(fully_async_main, "FullyAsyncTrainer", DarlFullyAsyncTrainer):
             super()._create_trainer(config)
 
 
@@ -56,9 +46,9 @@ class DarlTaskRunnerV1Impl(TaskRunnerV1Base):
     def run(self, config) -> None:
         import verl.trainer.ppo.v1 as v1
 
-        from .v1 import trainer_class
+        from .v1 import TRAINERS  # trainer.v1.trainer_mode is one of them: checked before Ray starts
 
-        with _swapped(v1, "get_trainer_cls", trainer_class):
+        with swapped(v1, "get_trainer_cls", TRAINERS.__getitem__):
             super().run(config)
 
 

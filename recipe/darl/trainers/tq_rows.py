@@ -8,7 +8,6 @@ returns only the fields all requested keys hold) and verl's own sampler never se
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -31,19 +30,12 @@ def rows_of(td) -> list[dict[str, Any]]:
     return [{name: column[i] for name, column in columns.items()} for i in range(int(td.batch_size[0]))]
 
 
-def _objects(values: list) -> np.ndarray:
-    out = np.empty(len(values), dtype=object)  # element by element: a list value must stay one element
-    for i, v in enumerate(values):
-        out[i] = v
-    return out
-
-
 def groups_from_rows(rows: list[dict[str, Any]], tags: list[dict[str, Any]]) -> list[Group]:
     """Groups of a sampled batch by the `uid` field, in order of first appearance; a group's version is the
     smallest `min_global_steps` tag of its rows (the weights its oldest token came from)."""
     if len(rows) != len(tags):
         raise ValueError(f"groups_from_rows: {len(rows)} rows but {len(tags)} tags")
-    rows_of_uid: OrderedDict[str, list[int]] = OrderedDict()
+    rows_of_uid: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
         extra = sorted(k for k, v in row.items()
                        if isinstance(v, torch.Tensor) and k not in REBUILT_FIELDS | DROPPED_FIELDS)
@@ -67,7 +59,9 @@ def groups_from_rows(rows: list[dict[str, Any]], tags: list[dict[str, Any]]) -> 
             lengths=torch.tensor([t.shape[0] for t in responses], dtype=torch.int32),
             rollout_log_probs=torch.cat([r["rollout_log_probs"] for r in members]).float(),
             rewards=torch.stack([r["rm_scores"].float().sum() for r in members]),
-            non_tensors={k: _objects([r[k] for r in members]) for k in non_tensor_names},
+            # element by element (np.array would make a list value a column): a list value stays one element
+            non_tensors={k: np.fromiter((r[k] for r in members), dtype=object, count=len(members))
+                         for k in non_tensor_names},
         ))
     return groups
 

@@ -22,6 +22,7 @@ from verl.utils.debug import marked_timer
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.utils.padding import response_to_nested
 
+from recipe.darl.probes import swapped
 from recipe.darl.trainers.batches import loss_inputs, minibatch_index, replay_metrics
 from recipe.darl.trainers.replay_mixin import ReplayStepMixin
 from recipe.darl.trainers.run_guard import RunGuardMixin
@@ -91,10 +92,9 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
             batch = KVBatchMeta(keys=keys, tags=tags, partition_id=PARTITION)
             batch.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
             actor = self.config.actor_rollout_ref.actor
-            full = actor.ppo_mini_batch_size
-            mini = min(len(plan.trained), full)
-            actor.ppo_mini_batch_size = mini  # fewer groups than a mini-batch: one smaller (balance pads to it too)
-            try:
+            mini = min(len(plan.trained), actor.ppo_mini_batch_size)
+            # fewer groups than a mini-batch: one smaller (balance pads to it too)
+            with swapped(actor, "ppo_mini_batch_size", mini):
                 batch = self._balance_batch(batch, metrics=metrics)
                 with marked_timer("old_log_prob", timing_raw, color="blue"):
                     batch = self._compute_old_log_prob(batch, metrics=metrics)
@@ -106,8 +106,6 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
                 if self.config.trainer.critic_warmup <= self.global_steps:
                     with marked_timer("update_actor", timing_raw, color="red"):
                         batch = self._update_actor(batch, metrics=metrics)
-            finally:
-                actor.ppo_mini_batch_size = full
         t0 = time.perf_counter()
         evicted = self.replay_step.finish(plan)
         timing["buffer"] = time.perf_counter() - t0
@@ -123,7 +121,10 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
         # the trained rows in plan order; verl splits the balanced order into contiguous dp shards of mini-batches
         position = {key: p for p, key in enumerate(batch.keys)}
         rows = torch.tensor([position[k] for k in keys])
-        chosen = DataProto(batch=TensorDict({k: _padded(data[k])[rows] for k in data.keys()}, batch_size=[len(keys)]))
+        # [B, L] right-padded with zeros: TransferQueue returns a per-token field as a jagged tensor, or as a plain
+        # one when every row of the partition has the same length
+        padded = {k: data[k].to_padded_tensor(0.0) if data[k].is_nested else data[k] for k in data.keys()}
+        chosen = DataProto(batch=TensorDict({k: t[rows] for k, t in padded.items()}, batch_size=[len(keys)]))
         self.replay_step.record(plan, chosen.batch["old_log_probs"])
         n = self.config.actor_rollout_ref.rollout.n
         balanced = minibatch_index(len(batch), mini_batch_groups * n, self._dp_size())
@@ -138,12 +139,6 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
         return self._chi2(plan.trained, chosen), weights
 
 
-def _padded(t: torch.Tensor) -> torch.Tensor:
-    """[B, L] right-padded with zeros. TransferQueue returns a per-token field as a jagged tensor, or as a plain one
-    when every row of the partition has the same length."""
-    return t.to_padded_tensor(0.0) if t.is_nested else t
-
-
 class DarlColocateAsyncTrainer(DarlV1Mixin, PPOTrainerColocateAsync):
     """V1 `colocate_async` (rollout and trainer share the GPUs, partial rollouts) with D-ARL replay."""
 
@@ -153,10 +148,3 @@ class DarlSeparateAsyncTrainer(DarlV1Mixin, PPOTrainerSeparateAsync):
 
 
 TRAINERS = {"colocate_async": DarlColocateAsyncTrainer, "separate_async": DarlSeparateAsyncTrainer}
-
-
-def trainer_class(mode: str):
-    """verl's `get_trainer_cls` for the D-ARL runner: the D-ARL trainer of a V1 mode."""
-    if mode not in TRAINERS:
-        raise ValueError(f"trainer.v1.trainer_mode={mode!r}: D-ARL runs on {sorted(TRAINERS)}")
-    return TRAINERS[mode]

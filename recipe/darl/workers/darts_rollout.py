@@ -24,6 +24,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopW
 from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncAgentLoopManager
 from verl.utils.ray_utils import auto_await
 
+from ..checks.config_check import step_budget
 from ..core.darts import DartsConfig, LengthSpreadEma, allocate, dual_end_keep, split_counts
 
 # planning columns, removed before the trainer sees the batch
@@ -234,10 +235,7 @@ class DartsManagerMixin:
         self.span: list[float] = []  # submission and last kept finish times since the last pop_metrics
         self.planned_prompts = 0
         # the warm-up's steps in prompts: train_batch_size (one-step-off), require_batches mini-batches (fully-async)
-        per_step = int(self.config.data.get("train_batch_size") or 0) or (
-            int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
-            * int(self.config.get("async_training", {}).get("require_batches", 1)))
-        self.warmup_prompts = self.darts.warmup_steps * per_step if self.darts.adaptive else 0
+        self.warmup_prompts = self.darts.warmup_steps * step_budget(self.config) if self.darts.adaptive else 0
 
     def _plan(self, prompts, chunks: int, population: bool) -> tuple[list[str], bool]:
         """Adds GROUP, EXTRA and KEEP_LAST to `prompts` (groups of n consecutive rows, verl splits them into `chunks`

@@ -9,29 +9,24 @@ it is already imported); `after_import` offers the same to other backends. The `
 
 from __future__ import annotations
 
-import functools
+import importlib
 import importlib.abc
 import logging
 import sys
 
+# cheap: imports no verl; registers verl's own "vllm" rollout on CPU (a replica without accelerator ids), and
+# does nothing without VERL_PLATFORM=cpu
+from recipe.darl.cpu.vllm_rollout import register as register_vllm_cpu
+
 logger = logging.getLogger(__name__)
 
-
-def register() -> None:
-    """verl's own "vllm" rollout on CPU (a replica without accelerator ids); does nothing without VERL_PLATFORM=cpu."""
-    from recipe.darl.cpu.vllm_rollout import register as register_vllm_cpu
-
-    register_vllm_cpu()
-
-
-def register_checkpoint_engine() -> None:
-    """Register the "ray_object_store" checkpoint engine (importing its module registers it)."""
-    from recipe.darl.cpu import checkpoint_engine_ray  # noqa: F401
-
-
 # Registration waits until verl imports the registries' packages itself, so a process that only needs, say,
-# verl.protocol does not pay for transformers (~1 s).
-_AFTER_IMPORT: dict[str, list] = {"verl.workers.rollout": [register], "verl.checkpoint_engine": [register_checkpoint_engine]}
+# verl.protocol does not pay for transformers (~1 s). Importing recipe.darl.cpu.checkpoint_engine_ray registers
+# the "ray_object_store" checkpoint engine.
+_AFTER_IMPORT: dict[str, list] = {
+    "verl.workers.rollout": [register_vllm_cpu],
+    "verl.checkpoint_engine": [lambda: importlib.import_module("recipe.darl.cpu.checkpoint_engine_ray")],
+}
 
 
 def after_import(module: str, callback) -> None:
@@ -46,41 +41,28 @@ def _run_all(module: str) -> None:
         callback()
 
 
-class _RunAfterExec(importlib.abc.Loader):
-    """Wraps a module's loader: executes the module, then runs the registration for it."""
-
-    def __init__(self, loader, callback):
-        self._loader = loader
-        self._callback = callback
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        try:
-            self._callback()
-        except Exception:  # verl's plugin loader would hide it; say it loudly, keep verl importable
-            logger.exception("recipe.darl.cpu.rollout: registering with %s failed", module.__name__)
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-
 class _AfterImportFinder(importlib.abc.MetaPathFinder):
     """Finds the registry packages with the other finders, handing back their spec with a wrapped loader."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname not in _AFTER_IMPORT:
             return None
-        callback = functools.partial(_run_all, fullname)  # callbacks added later run too
         for finder in sys.meta_path:
             if finder is self or isinstance(finder, _AfterImportFinder) or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                exec_module = spec.loader.exec_module
+
+                def exec_then_register(module):  # executes the module, then runs the registration for it
+                    exec_module(module)
+                    try:
+                        _run_all(fullname)  # callbacks added later run too
+                    except Exception:  # verl's plugin loader would hide it; say it loudly, keep verl importable
+                        logger.exception("recipe.darl.cpu.rollout: registering with %s failed", module.__name__)
+
+                spec.loader.exec_module = exec_then_register
             if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _RunAfterExec(spec.loader, callback)
                 return spec
         return None
 

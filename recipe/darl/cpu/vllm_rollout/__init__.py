@@ -37,15 +37,11 @@ def vllm_missing_reason() -> str | None:
     return None
 
 
-def check_installed() -> None:
-    """Raise RuntimeError with `VLLM_MISSING` unless vLLM can run on this CPU machine."""
+def _load_replica():
+    """`CPUvLLMReplica`; RuntimeError with `VLLM_MISSING` unless vLLM can run on this CPU machine."""
     reason = vllm_missing_reason()
     if reason is not None:
         raise RuntimeError(reason)
-
-
-def _load_replica():
-    check_installed()
     from .replica import CPUvLLMReplica
 
     return CPUvLLMReplica

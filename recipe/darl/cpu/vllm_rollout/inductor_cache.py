@@ -39,19 +39,16 @@ def is_whole_elf(path: str | os.PathLike) -> bool:
     return phoff + phentsize * phnum <= size and shoff + shentsize * shnum <= size
 
 
-def default_cache_dir() -> Path:
-    """TorchInductor's cache directory as torch resolves it (TORCHINDUCTOR_CACHE_DIR or /tmp/torchinductor_$USER)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return Path(cache_dir())
-
-
 def remove_torn_binaries(cache_dir: str | os.PathLike | None = None) -> list[Path]:
     """Delete the compiled objects and libraries under `cache_dir` that are not whole ELF files; returns their paths.
     A torn-looking file is checked again and removed under inductor's lock for its key (held elsewhere: skipped)."""
     from filelock import FileLock, Timeout  # the lock torch.utils._filelock wraps: same files, same protocol
 
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if cache_dir is None:  # TorchInductor's, as torch resolves it (TORCHINDUCTOR_CACHE_DIR or /tmp/torchinductor_$USER)
+        from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
+
+        cache_dir = inductor_cache_dir()
+    root = Path(cache_dir)
     if not root.is_dir():
         return []
     removed = []
@@ -73,10 +70,8 @@ def remove_torn_binaries(cache_dir: str | os.PathLike | None = None) -> list[Pat
                     if path.is_file() and not is_whole_elf(path):
                         path.unlink()
                         removed.append(path)
-            except Timeout:
-                continue  # another process is compiling this key right now
-            except FileNotFoundError:
-                continue  # removed meanwhile by another process doing the same
+            except (Timeout, FileNotFoundError):
+                continue  # another process is compiling this key right now, or removed the file meanwhile
     if removed:
         logger.warning("darl: removed %d half-written compiled kernel(s) from TorchInductor's cache %s (a killed "
                        "process left them; inductor rebuilds them): %s", len(removed), root,

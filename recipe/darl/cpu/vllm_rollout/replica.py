@@ -2,7 +2,8 @@
 
 verl's `launch_servers` asks Ray for each worker's accelerator id, and Ray hands out none for "CPU". This class
 launches verl's own `vLLMHttpServer` with the same arguments and actor name (verl's `ServerAdapter` finds it by that
-name), fills the device list with "cpu" and adds the environment a CPU engine needs (`server_env`).
+name), fills the device list with "cpu" and gives the server the environment a CPU engine needs: `FORWARDED_ENV`,
+``VLLM_CPU_KVCACHE_SPACE`` (1 GiB unless set) and the platform's rollout variables.
 """
 
 from __future__ import annotations
@@ -29,18 +30,6 @@ FORWARDED_ENV = ("VERL_PLATFORM", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZ
 DEFAULT_KVCACHE_GIB = "1"
 
 
-def server_env(environ=os.environ) -> dict[str, str]:
-    """A CPU vLLM server actor's environment: `FORWARDED_ENV`, ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB) and verl's own."""
-    env = {key: environ[key] for key in FORWARDED_ENV if key in environ}
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
-    env.update(get_platform().rollout_env_vars())
-    return env
-
-
-def _node_id(worker) -> str:
-    return ray.get_runtime_context().get_node_id()
-
-
 class CPUvLLMReplica(vLLMReplica):
     """verl's vLLM replica whose servers run on CPU: one node; no accelerator ids."""
 
@@ -48,16 +37,21 @@ class CPUvLLMReplica(vLLMReplica):
         assert len(self.workers) == self.world_size, f"{len(self.workers)} workers for world size {self.world_size}"
         if self.nnodes != 1:
             raise ValueError(f"the CPU vLLM rollout runs each replica on one node (got {self.nnodes} nodes per replica)")
-        node_ids = await asyncio.gather(*[worker.__ray_call__.remote(_node_id) for worker in self.workers])
+        node_ids = await asyncio.gather(*[worker.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+                                          for worker in self.workers])
         if len(set(node_ids)) != 1:
             raise ValueError(f"the CPU vLLM rollout runs each replica on one node; its workers are on {set(node_ids)}")
+
+        env = {key: os.environ[key] for key in FORWARDED_ENV if key in os.environ}
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
+        env.update(get_platform().rollout_env_vars())
 
         prefix = self._get_server_name_prefix()  # verl's naming: ServerAdapter looks the server up by it
         role = "reward_" if self.is_reward_model else "teacher_" if self.is_teacher_model else ""
         name = f"{prefix}server_{role}{self.replica_rank}_0{self.name_suffix}"
         server = self.server_class.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_ids[0], soft=False),
-            runtime_env={"env_vars": server_env()},
+            runtime_env={"env_vars": env},
             name=name,
             max_concurrency=self.max_concurrency,
             num_cpus=0,  # the replica's workers hold its share of the pool; the server runs beside them
