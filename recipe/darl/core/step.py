@@ -50,8 +50,8 @@ class ReplayStep:
     def __init__(self, config: Optional[ReplayConfig]) -> None:
         self.config = config
         self.buffer: Optional[ReplayBuffer] = ReplayBuffer(config) if config is not None else None
-        # the loss settings; without replay, uniform's: own behavior, token-weighted sources, no m2 budget, no clip
-        # decay, no behavior trust region
+        # the loss settings; without replay, decoupled PPO's (`pmis=False`): each sample's own behavior,
+        # token-weighted sources, no m2 budget, no clip decay, no behavior trust region
         self.weighting = config if config is not None else ReplayConfig(pmis=False)
 
     def plan(self, fresh: list[Group], version: int, budget: int, multiple: int,
