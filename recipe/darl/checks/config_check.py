@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..core import group_multiple
-from ..core.config import ReplayConfig, is_int, is_number
+from ..core.config import ReplayConfig, as_list, is_int, is_number
 from ..core.darts import DartsConfig
 from ..rewards.code_reward import SANDBOXES
 
@@ -291,7 +291,7 @@ def _path_problems(cfg: DictConfig) -> list[str]:
         if files is None:
             problems.append(f"data.{key} is not set")
             continue
-        for f in [files] if isinstance(files, str) else list(files):
+        for f in as_list(files):
             if "://" not in f and not os.path.exists(os.path.expanduser(f)):
                 problems.append(f"data.{key}: {f} does not exist")
     return problems

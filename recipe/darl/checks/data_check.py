@@ -13,13 +13,9 @@ from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from ..core.config import as_list
+
 SHOW = 5  # rows named per problem
-
-
-def _files(value) -> list[str]:
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else list(value)
 
 
 def local_parquet(path) -> str | None:
@@ -103,7 +99,7 @@ def data_problems(cfg: DictConfig, tokenizer_loader: Callable[[DictConfig], Any]
         template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) or {}
     tokenizer, lines, problems = None, [], []
     for key in ("train_files", "val_files"):
-        for path in map(local_parquet, _files(data.get(key))):
+        for path in map(local_parquet, as_list(data.get(key))):
             if path is None:
                 continue
             try:

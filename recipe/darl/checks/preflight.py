@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe.darl.checks.config_check import resolved_replay_key, step_budget
-from recipe.darl.checks.data_check import _files, data_problems, local_parquet
+from recipe.darl.checks.data_check import data_problems, local_parquet
+from recipe.darl.core.config import as_list
 
 ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 FALLBACK_ATTN = "sdpa"
@@ -77,10 +78,7 @@ def wandb_credentials_found(env: Mapping[str, str] | None = None, home: str | No
 
 def logger_problems(cfg: DictConfig, env: Mapping[str, str] | None = None, home: str | None = None) -> list[str]:
     """The problem of a `trainer.logger` with wandb and no wandb credentials (empty otherwise)."""
-    loggers = cfg.trainer.get("logger")
-    if loggers is None:
-        return []
-    names = [loggers] if isinstance(loggers, str) else list(OmegaConf.to_container(loggers, resolve=True))
+    names = as_list(cfg.trainer.get("logger"))
     if "wandb" not in names or wandb_credentials_found(env, home):
         return []
     return [f"trainer.logger={names} includes wandb, but no wandb credentials were found: set WANDB_API_KEY "
@@ -115,7 +113,7 @@ def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None
         max_tokens = int(cfg.data.get("max_response_length") or 0)
     except (TypeError, ValueError):  # the config check names the bad value
         return None
-    rows = rows_of(_files(cfg.data.get("train_files")))
+    rows = rows_of(as_list(cfg.data.get("train_files")))
     bounds = ([rows * per_prompt] if rows is not None else []) + ([max_age * budget * n] if max_age else [])
     if not bounds:
         return (f"[D-ARL] replay.prompt_replay={per_prompt}: the per-prompt store keeps {per_prompt} responses of "

@@ -151,3 +151,10 @@ def is_int(value: Any) -> bool:
 
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def as_list(value: Any) -> list:
+    """A config value given as one string or as a list (`data.train_files`, `trainer.logger`) as a list; [] for None."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)

@@ -16,6 +16,7 @@ from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipe.darl.core.config import as_list
 from recipe.darl.robustness.checkpoint_files import TRACKER_FILE, atomic_write_bytes
 
 WANDB_ID_FILE = "wandb_run_id"
@@ -80,8 +81,7 @@ def keep_run_records(config: DictConfig) -> dict:
     """Called in the driver before verl's run_ppo. Keeps the earlier launch's metrics file and points wandb at the
     run being resumed; prints one line saying what it did. Returns {"kept": renamed metrics file or None,
     "metrics": the file this launch writes or None, "wandb_run_id": the exported id or None}."""
-    loggers = config.trainer.get("logger", []) or []
-    loggers = [loggers] if isinstance(loggers, str) else list(loggers)
+    loggers = as_list(config.trainer.get("logger"))
     done = {"kept": None, "metrics": None, "wandb_run_id": None}
     said = []
     if "file" in loggers:
