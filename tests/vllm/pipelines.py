@@ -89,10 +89,11 @@ def assert_stamps_name_the_generating_weights(report: dict) -> None:
 
 
 def assert_stamps_tell_versions_apart(report: dict) -> None:
-    """The check could fail: several versions were generated and saved; no sample is within the tolerance of weights
-    its stamp does not name, nearly all are 10x past it, the median 100x (measured: most 5e-2 to 3e-1; the closest, a
-    short response under a neighbouring version after a small update, 4e-3)."""
+    """The check could fail: several versions were generated and saved; nearly every sample (all but 2%) is past the
+    tolerance under weights its stamp does not name, 95% of them 10x past it, the median 100x (measured: most 5e-2 to
+    3e-1). A sample whose tokens have the same log-probs under two neighbouring versions cannot tell them apart
+    (measured: one of 96 samples in one run, 2.4e-5 from a neighbouring version's)."""
     assert len({vmin for vmin, _ in report["stamps"]}) >= 3, report["stamps"]
     other = sorted(report["other_min"])
-    assert other[0] > STAMP_TOL, other[:5]
+    assert sum(o <= STAMP_TOL for o in other) <= len(other) // 50, other[:5]
     assert other[len(other) // 20] > 10 * STAMP_TOL and other[len(other) // 2] > 100 * STAMP_TOL, other[:5]
