@@ -129,7 +129,7 @@ SHAPING_MANAGER = "recipe.darl.workers.darts_rollout.DartsAgentLoopManager"
 
 def _darts_problems(cfg: DictConfig) -> list[str]:
     """`rollout_shaping.*` (DARTS); when on, the one-step-off trainer's rollout manager is DARTS' (the fully-async
-    trainer installs it in its rollouter, trainers/darts_mixin.py)."""
+    trainer installs it in its rollouter, trainers/run_guard.py)."""
     values: dict[str, Any] = OmegaConf.to_container(cfg.get("rollout_shaping", {}) or {}, resolve=True)
     n = int(cfg.actor_rollout_ref.rollout.n)
     problems = DartsConfig.problems_of(values, n)
