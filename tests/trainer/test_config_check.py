@@ -158,6 +158,8 @@ def test_the_v1_config_and_a_replay_setup_are_valid(compose_config):
         (REPLAY_ON + ("trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.parameter_sync_step=2"),
          "parameter_sync_step=2"),
         (("rollout_shaping.enable=true",), "DARTS runs on the one-step-off and fully-async trainers"),
+        (("trainer.v1.trainer_mode=separate_async", "data.train_batch_size=32",
+          "actor_rollout_ref.actor.ppo_mini_batch_size=16"), "data.train_batch_size=32 must equal"),
         (REPLAY_ON + ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"), "log_prob_micro_batch_size_per_gpu=8"),
         (REPLAY_ON + ("actor_rollout_ref.actor.use_kl_loss=true",), "actor_rollout_ref.actor.use_kl_loss=true"),

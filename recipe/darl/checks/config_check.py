@@ -162,6 +162,10 @@ def _v1_problems(cfg: DictConfig, replay: bool) -> list[str]:
     if replay and mode == "separate_async" and sync_step != 1:
         problems.append(f"trainer.v1.separate_async.parameter_sync_step={sync_step}: D-ARL takes one replay step per "
                         "weight sync; set it 1")
+    batch, mini = cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    if mode == "separate_async" and is_int(sync_step) and batch != sync_step * mini:  # verl asserts it after Ray starts
+        problems.append(f"data.train_batch_size={batch} must equal trainer.v1.separate_async.parameter_sync_step "
+                        f"({sync_step}) * actor_rollout_ref.actor.ppo_mini_batch_size ({mini}) in separate_async")
     rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
     micro, step_micro = rollout.get("log_prob_micro_batch_size_per_gpu"), actor.get("ppo_micro_batch_size_per_gpu")
     if (replay and not rollout.get("log_prob_use_dynamic_bsz", False) and not actor.get("use_dynamic_bsz", False)
