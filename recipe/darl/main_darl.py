@@ -3,8 +3,10 @@ original scripts' `+replay.*` and `+algorithm.rollout_is*` overrides are read as
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import warnings
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -23,8 +25,10 @@ def rewrite_plus_overrides(argv: list[str]) -> list[str]:
 
 
 def prepare_config(config: DictConfig, v1: bool = False) -> DictConfig:
-    """Aliases, checks (raising `ConfigError` before Ray starts), the attention fallback and the rollout resource
-    copy every trainer makes (v1: verl's V1 trainer's config)."""
+    """Aliases, checks (raising `ConfigError` before Ray starts), the attention fallback, the rollout resource copy
+    every trainer makes, and verl's own `validate_config`, which the one-step-off and V1 task runners run only after
+    Ray starts (v1: verl's V1 trainer's config; the fully-async task runner runs none)."""
+    from verl.trainer.main_ppo import need_critic, need_reference_policy, validate_config
     from verl.utils.device import auto_set_device
 
     problems, lines = preflight(config)  # wandb credentials; sdpa when flash_attn cannot be imported
@@ -35,6 +39,11 @@ def prepare_config(config: DictConfig, v1: bool = False) -> DictConfig:
     if "rollout" in config:  # the V0 trainers' rollout GPUs (V1 reads actor_rollout_ref.rollout's own)
         config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
         config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node
+    if "async_training" not in config:  # the fully-async trainer's train_batch_size of 0 fails verl's batch checks
+        # its report and notes ("Disabled critic ...") to stderr, or silenced: they would break a dry run's config
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings(action="ignore", category=UserWarning):
+            validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                            use_critic=need_critic(config))
     return config
 
 

@@ -26,7 +26,8 @@ CONFIGURATION_KEYS = {
 }
 # derived from the script's file name, so they differ too (verl interpolates the experiment name into the tracer's)
 NAME_KEYS = {"trainer.experiment_name", "trainer.default_local_dir", "actor_rollout_ref.rollout.trace.experiment_name"}
-_LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d[ T]|darl\] |D-ARL\] )")  # logging lines; "[darl] ..." banner, "[D-ARL] ..." notes
+# logging lines; "[darl] ..." banner, "[D-ARL] ..." notes, verl's validate_config report
+_LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d[ T]|darl\] |D-ARL\] |validate_config\] )")
 
 
 WANDB_VARS = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "NETRC")
@@ -69,11 +70,11 @@ def compose(jobs: list[tuple[Path, list[str], dict]]) -> list[dict]:
     from hydra import compose as hydra_compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from recipe.darl import main_darl, main_fully_async, main_v1
+    from recipe.darl import main_darl, main_fully_async
 
     entry = {"recipe.darl.main_darl": ("darl_trainer", main_darl.prepare_config),
              "recipe.darl.main_fully_async": ("darl_fully_async_trainer", main_fully_async.prepare_fully_async_config),
-             "recipe.darl.main_v1": ("darl_v1_trainer", main_v1.prepare_v1_config)}
+             "recipe.darl.main_v1": ("darl_v1_trainer", lambda cfg: main_darl.prepare_config(cfg, v1=True))}
     out = []
     for script, args, env in jobs:
         printed = subprocess.run(["bash", str(script), *args], env={**env, "DARL_PRINT_CMD": "1"}, capture_output=True,

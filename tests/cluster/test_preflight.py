@@ -137,6 +137,8 @@ def test_wandb_logger_without_credentials_is_a_problem(tmp_path):
     assert logger_problems(cfg, env={"WANDB_API_KEY": "k"}, home=home) == []
     assert logger_problems(_compose('trainer.logger=["console","tensorboard"]'), env={}, home=home) == []
     assert logger_problems(_compose("trainer.logger=wandb"), env={}, home=home) != []
+    (typo,) = logger_problems(_compose('trainer.logger=["console","tensorbaord"]'), env={}, home=home)
+    assert "unknown backend(s) ['tensorbaord']" in typo and "tensorboard" in typo
 
 
 def test_launch_script_refuses_wandb_without_credentials_before_ray(tmp_path):

@@ -53,6 +53,16 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
         (("replay.prompt_replay=4",), "replay.prompt_replay=4 needs replay.enable=true"),
         (("+reward.custom_reward_function.reward_kwargs.code_sandbox=bwrap",),
          "reward.custom_reward_function.reward_kwargs.code_sandbox must be one of auto, namespaces, limits, got 'bwrap'"),
+        # what verl 0.9.1 refuses only after Ray, the workers and the models have started
+        (("trainer.resume_mode=latest",), "trainer.resume_mode must be auto, disable or resume_path, got 'latest'"),
+        (("trainer.resume_mode=resume_path", "trainer.resume_from_path=/ckpt/run1"), "trainer.resume_from_path=<checkpoint dir>"),
+        (("trainer.default_hdfs_dir=hdfs://ckpt",), "trainer.default_hdfs_dir is set"),
+        (("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",), "log_prob_use_dynamic_bsz must be equal"),
+        (("actor_rollout_ref.rollout.tensor_model_parallel_size=2",), "rollout.nnodes=1 x rollout.n_gpus_per_node=1 GPUs"),
+        (("rollout.n_gpus_per_node=0",), "rollout.n_gpus_per_node=0 GPUs"),
+        (("actor_rollout_ref.rollout.calculate_log_probs=false",), "bypass_mode=true (the rollout's log-probs"),
+        (("algorithm.rollout_correction.rollout_is=seq",), "rollout_is must be null, token or sequence, got 'seq'"),
+        (("actor_rollout_ref.rollout.agent.num_workers=3",), "must split evenly over actor_rollout_ref.rollout.agent.num_workers=3"),
     ],
 )
 def test_each_problem_names_its_key(compose_config, overrides, key):
@@ -132,6 +142,21 @@ def test_rollout_shaping_in_the_fully_async_config(compose_config):
     assert cfg.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class") is None  # installed in the rollouter
 
 
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (("data.gen_batch_size=2",), "data.gen_batch_size must be 1 in the fully-async trainer, got 2"),
+        (("algorithm.rollout_correction.bypass_mode=false", "actor_rollout_ref.rollout.calculate_log_probs=false"),
+         "verl's fully-async rollouter needs actor_rollout_ref.rollout.calculate_log_probs=true"),
+        (("rollout.n_gpus_per_node=1",), "rollout.nnodes=1 x rollout.n_gpus_per_node=1 GPUs"),
+    ],
+)
+def test_each_fully_async_launch_problem_names_its_key(compose_config, overrides, key):
+    assert problems(compose_config(config_name="darl_fully_async_trainer")) == []
+    found = problems(compose_config(*overrides, config_name="darl_fully_async_trainer"))
+    assert any(key in p for p in found), found
+
+
 def v1_problems(cfg):
     return apply_compat_aliases(cfg) + check_config(cfg, v1=True)
 
@@ -141,7 +166,9 @@ def test_the_v1_config_and_a_replay_setup_are_valid(compose_config):
     assert v1_problems(cfg) == []
     assert cfg.trainer.use_v1 is True and cfg.trainer.v1.trainer_mode == "colocate_async"
     separate = ("trainer.v1.trainer_mode=separate_async", "data.train_batch_size=32",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=32")
+                "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.rollout.nnodes=1",
+                "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl")
     assert v1_problems(compose_config(*REPLAY_ON, *separate, config_name="darl_v1_trainer")) == []
     # without replay verl's own step computes the reference log-probs a KL term reads
     kl = ("actor_rollout_ref.actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true")
@@ -164,6 +191,9 @@ def test_the_v1_config_and_a_replay_setup_are_valid(compose_config):
                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"), "log_prob_micro_batch_size_per_gpu=8"),
         (REPLAY_ON + ("actor_rollout_ref.actor.use_kl_loss=true",), "actor_rollout_ref.actor.use_kl_loss=true"),
         (REPLAY_ON + ("algorithm.use_kl_in_reward=true",), "algorithm.use_kl_in_reward=true"),
+        (("trainer.v1.trainer_mode=separate_async",), "actor_rollout_ref.rollout.nnodes=0 x"),
+        (("trainer.v1.trainer_mode=separate_async",), "actor_rollout_ref.rollout.checkpoint_engine.backend=naive"),
+        (("trainer.n_gpus_per_node=3",), "colocate_async: the trainer's 3 x 1 GPUs"),
     ],
 )
 def test_each_v1_problem_names_its_key(compose_config, overrides, key):

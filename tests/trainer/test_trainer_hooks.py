@@ -90,7 +90,8 @@ def replay_cfg(compose_config):
         cfg = compose_config(
             "replay.enable=true", "replay.k=4", "replay.warmup=0", "algorithm.rollout_correction.bypass_mode=false",
             "algorithm.rollout_is=true", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1", *design, *extra,
+            "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.agent.num_workers=1", *design, *extra,
         )
         validate_or_raise(cfg)
         return cfg
@@ -155,7 +156,7 @@ def test_a_step_without_a_candidate_skips_the_update(replay_cfg, batch_maker):
 def test_replay_disabled_is_plain_one_step_off(compose_config, batch_maker):
     cfg = compose_config("algorithm.rollout_correction.bypass_mode=false", "algorithm.rollout_is=true",
                          "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=2",
-                         "trainer.n_gpus_per_node=1")
+                         "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.agent.num_workers=1")
     validate_or_raise(cfg)
     batch = batch_maker(versions=[0, 0, 0], rewards=[[1, 0], [0, 1], [1, 1]])
     trainer = make_trainer(cfg, {u: 0.2 for u in uids(batch)})

@@ -89,13 +89,17 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
         problems.append(f"actor_rollout_ref.rollout.mode must be async, got {arr.rollout.mode!r}")
 
     bypass = bool(corr.get("bypass_mode", False))
+    if not arr.rollout.get("calculate_log_probs", False) and (enabled or bypass or "async_training" in cfg):
+        user = ("replay.enable=true (behavior log-probs for scoring and " + ("pmis weights)" if pmis else "IS weights)")
+                if enabled else "bypass_mode=true (the rollout's log-probs stand for pi_old)" if bypass
+                else "verl's fully-async rollouter")
+        problems.append(f"{user} needs actor_rollout_ref.rollout.calculate_log_probs=true")
+    if corr.get("rollout_is") not in (None, "token", "sequence"):
+        problems.append(f"algorithm.rollout_correction.rollout_is must be null, token or sequence, got {corr.rollout_is!r}")
     if enabled:
         if bypass:
             problems.append("replay.enable=true needs decoupled mode: set algorithm.rollout_correction.bypass_mode=false "
                             "(replayed samples need old log-probs recomputed by the current weights)")
-        if not arr.rollout.get("calculate_log_probs", False):
-            problems.append("replay.enable=true needs actor_rollout_ref.rollout.calculate_log_probs=true "
-                            "(behavior log-probs for scoring and " + ("pmis weights)" if pmis else "IS weights)"))
         if not is_number(threshold):
             problems.append(f"replay needs a float algorithm.rollout_correction.rollout_is_threshold (C), got {threshold!r}")
         if corr.get("rollout_is") == "sequence":
@@ -118,6 +122,7 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     if "async_training" in cfg:
         problems += fully_async_findings(cfg)[0]
     problems += _batch_problems(cfg, replay_values if enabled else None)
+    problems += _launch_problems(cfg, v1)
     problems += _path_problems(cfg)
     problems += _fault_problems(cfg)
     problems += _darts_problems(cfg)
@@ -280,6 +285,48 @@ def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
         if is_int(max_groups) and max_groups < budget:
             problems.append(f"replay.max_groups={max_groups} is below the batch budget of {budget} groups a step "
                             "trains on: the buffer could never hold a full batch")
+    return problems
+
+
+def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
+    """Values verl 0.9.1 refuses only once Ray, the workers and the models have started (resume, rollout GPUs,
+    batch splits, dynamic batch sizes)."""
+    problems = []
+    trainer, arr = cfg.trainer, cfg.actor_rollout_ref
+    mode = trainer.get("resume_mode", "auto")
+    if mode not in ("auto", "disable", "resume_path"):
+        problems.append(f"trainer.resume_mode must be auto, disable or resume_path, got {mode!r}")
+    elif mode == "resume_path" and "global_step_" not in str(trainer.get("resume_from_path") or ""):
+        problems.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>/global_step_<N>, "
+                        f"got {trainer.get('resume_from_path')!r}")
+    if mode != "disable" and trainer.get("default_hdfs_dir") is not None:
+        problems.append("trainer.default_hdfs_dir is set: verl 0.9.1 cannot resume from HDFS; set it null")
+    if bool(arr.actor.get("use_dynamic_bsz", False)) != bool(arr.rollout.get("log_prob_use_dynamic_bsz", False)):
+        problems.append("actor_rollout_ref.actor.use_dynamic_bsz and actor_rollout_ref.rollout.log_prob_use_dynamic_bsz "
+                        "must be equal (verl's worker asserts it)")
+    rollout = arr.rollout
+    width = math.prod(int(rollout.get(k) or 1) for k in ("tensor_model_parallel_size", "data_parallel_size",
+                                                           "pipeline_model_parallel_size"))
+    pool = arr.rollout if v1 else cfg.get("rollout")
+    standalone = not v1 or trainer.v1.trainer_mode == "separate_async"
+    if standalone and pool is not None:
+        prefix = "actor_rollout_ref.rollout" if v1 else "rollout"
+        nodes, gpus = int(pool.get("nnodes") or 0), int(pool.get("n_gpus_per_node") or 0)
+        if nodes < 1 or gpus < 1 or nodes * gpus < width:
+            problems.append(f"{prefix}.nnodes={nodes} x {prefix}.n_gpus_per_node={gpus} GPUs cannot hold one rollout "
+                            f"replica of tensor x data x pipeline parallel size {width}")
+        if v1 and rollout.checkpoint_engine.get("backend") == "naive":
+            problems.append("actor_rollout_ref.rollout.checkpoint_engine.backend=naive: separate_async syncs weights "
+                            "between processes; choose nccl (GPUs) or ray_object_store (CPU)")
+    elif v1 and (int(trainer.n_gpus_per_node) * int(trainer.nnodes)) % width:
+        problems.append(f"colocate_async: the trainer's {trainer.n_gpus_per_node} x {trainer.nnodes} GPUs do not divide "
+                        f"into rollout replicas of tensor x data x pipeline parallel size {width}")
+    if "async_training" in cfg and cfg.data.get("gen_batch_size") != 1:
+        problems.append(f"data.gen_batch_size must be 1 in the fully-async trainer, got {cfg.data.get('gen_batch_size')}")
+    workers = int(rollout.agent.get("num_workers") or 1)
+    if not v1 and "async_training" not in cfg and (step_budget(cfg) * int(rollout.n)) % workers:
+        problems.append(f"data.train_batch_size x actor_rollout_ref.rollout.n = {step_budget(cfg) * int(rollout.n)} "
+                        f"responses must split evenly over actor_rollout_ref.rollout.agent.num_workers={workers}")
     return problems
 
 

@@ -4,7 +4,8 @@
   only once the workers load the model; it switches to `sdpa` when the user did not choose. verl's log-probs are then
   also 70-110x slower (no flash-attn cross-entropy), which the printed line says.
 - `prompt_store_line`: the bound of `replay.prompt_replay`'s per-prompt store, kept on the driver and in checkpoints.
-- `logger_problems`: wandb without credentials fails only when `fit()` starts, after every model has loaded.
+- `logger_problems`: an unknown logger name, or wandb without credentials, fails only when `fit()` starts, after
+  every model has loaded.
 """
 
 from __future__ import annotations
@@ -77,11 +78,16 @@ def wandb_credentials_found(env: Mapping[str, str] | None = None, home: str | No
 
 
 def logger_problems(cfg: DictConfig, env: Mapping[str, str] | None = None, home: str | None = None) -> list[str]:
-    """The problem of a `trainer.logger` with wandb and no wandb credentials (empty otherwise)."""
+    """The problems of `trainer.logger`: names verl's `Tracking` does not know, wandb without wandb credentials."""
+    from verl.utils.tracking import Tracking
+
     names = as_list(cfg.trainer.get("logger"))
+    unknown = [n for n in names if n != "tracking" and n not in Tracking.supported_backend]
+    problems = [f"trainer.logger: unknown backend(s) {unknown}; verl's Tracking knows {', '.join(Tracking.supported_backend)}"
+                ] if unknown else []
     if "wandb" not in names or wandb_credentials_found(env, home):
-        return []
-    return [f"trainer.logger={names} includes wandb, but no wandb credentials were found: set WANDB_API_KEY "
+        return problems
+    return problems + [f"trainer.logger={names} includes wandb, but no wandb credentials were found: set WANDB_API_KEY "
             "(or run `wandb login`, which writes ~/.netrc for api.wandb.ai; or WANDB_MODE=offline), or drop wandb "
             "from trainer.logger (the launch scripts: LOGGER='[\"console\",\"tensorboard\"]')"]
 
