@@ -63,6 +63,7 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
         (("actor_rollout_ref.rollout.calculate_log_probs=false",), "bypass_mode=true (the rollout's log-probs"),
         (("algorithm.rollout_correction.rollout_is=seq",), "rollout_is must be null, token or sequence, got 'seq'"),
         (("actor_rollout_ref.rollout.agent.num_workers=3",), "must split evenly over actor_rollout_ref.rollout.agent.num_workers=3"),
+        (("algorithm.adv_estimator=gae", "critic.strategy=fsdp2"), "critic.strategy='fsdp2'"),
     ],
 )
 def test_each_problem_names_its_key(compose_config, overrides, key):

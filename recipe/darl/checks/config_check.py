@@ -321,6 +321,11 @@ def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
     elif v1 and (int(trainer.n_gpus_per_node) * int(trainer.nnodes)) % width:
         problems.append(f"colocate_async: the trainer's {trainer.n_gpus_per_node} x {trainer.nnodes} GPUs do not divide "
                         f"into rollout replicas of tensor x data x pipeline parallel size {width}")
+    critic = cfg.get("critic") or {}
+    uses_critic = critic.get("enable") if critic.get("enable") is not None else cfg.algorithm.adv_estimator == "gae"
+    if not v1 and uses_critic and critic.get("strategy") != "fsdp":  # verl's separated trainers build no other
+        problems.append(f"critic.strategy={critic.get('strategy')!r}: verl 0.9.1's one-step-off and fully-async "
+                        "trainers build the critic only with strategy fsdp (its FSDP2 engine); set critic.strategy=fsdp")
     if "async_training" in cfg and cfg.data.get("gen_batch_size") != 1:
         problems.append(f"data.gen_batch_size must be 1 in the fully-async trainer, got {cfg.data.get('gen_batch_size')}")
     workers = int(rollout.agent.get("num_workers") or 1)
