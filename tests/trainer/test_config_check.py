@@ -150,6 +150,7 @@ def test_rollout_shaping_in_the_fully_async_config(compose_config):
         (("algorithm.rollout_correction.bypass_mode=false", "actor_rollout_ref.rollout.calculate_log_probs=false"),
          "verl's fully-async rollouter needs actor_rollout_ref.rollout.calculate_log_probs=true"),
         (("rollout.n_gpus_per_node=1",), "rollout.nnodes=1 x rollout.n_gpus_per_node=1 GPUs"),
+        (("reward.reward_model.enable=true",), "needs reward.reward_model.enable_resource_pool=true"),
     ],
 )
 def test_each_fully_async_launch_problem_names_its_key(compose_config, overrides, key):

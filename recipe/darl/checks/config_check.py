@@ -328,6 +328,11 @@ def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
                         "trainers build the critic only with strategy fsdp (its FSDP2 engine); set critic.strategy=fsdp")
     if "async_training" in cfg and cfg.data.get("gen_batch_size") != 1:
         problems.append(f"data.gen_batch_size must be 1 in the fully-async trainer, got {cfg.data.get('gen_batch_size')}")
+    reward_model = OmegaConf.select(cfg, "reward.reward_model") or {}
+    if (("async_training" in cfg or (v1 and trainer.v1.trainer_mode == "separate_async")) and reward_model.get("enable")
+            and not reward_model.get("enable_resource_pool")):
+        problems.append("reward.reward_model.enable=true needs reward.reward_model.enable_resource_pool=true here: the "
+                        "rollout never pauses for a reward model on the rollout's GPUs")
     workers = int(rollout.agent.get("num_workers") or 1)
     if not v1 and "async_training" not in cfg and (step_budget(cfg) * int(rollout.n)) % workers:
         problems.append(f"data.train_batch_size x actor_rollout_ref.rollout.n = {step_budget(cfg) * int(rollout.n)} "
