@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -72,7 +73,6 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     replay_values: dict[str, Any] = OmegaConf.to_container(cfg.get("replay", {}) or {}, resolve=True)
     problems += ReplayConfig.problems_of(replay_values)
     enabled = bool(replay_values.get("enable", False))
-    pmis = bool(replay_values.get("pmis", True))
     arr = cfg.actor_rollout_ref
     corr = cfg.algorithm.rollout_correction
 
@@ -89,11 +89,11 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
         problems.append(f"actor_rollout_ref.rollout.mode must be async, got {arr.rollout.mode!r}")
 
     bypass = bool(corr.get("bypass_mode", False))
-    if not arr.rollout.get("calculate_log_probs", False) and (enabled or bypass or "async_training" in cfg):
-        user = ("replay.enable=true (behavior log-probs for scoring and " + ("pmis weights)" if pmis else "IS weights)")
-                if enabled else "bypass_mode=true (the rollout's log-probs stand for pi_old)" if bypass
-                else "verl's fully-async rollouter")
-        problems.append(f"{user} needs actor_rollout_ref.rollout.calculate_log_probs=true")
+    users = [user for on, user in ((enabled, "replay.enable=true (behavior log-probs for the scores and weights)"),
+                                   (bypass, "bypass_mode=true (the rollout's log-probs stand for pi_old)"),
+                                   ("async_training" in cfg, "verl's fully-async rollouter")) if on]
+    if users and not arr.rollout.get("calculate_log_probs", False):
+        problems.append(f"{users[0]} needs actor_rollout_ref.rollout.calculate_log_probs=true")
     if corr.get("rollout_is") not in (None, "token", "sequence"):
         problems.append(f"algorithm.rollout_correction.rollout_is must be null, token or sequence, got {corr.rollout_is!r}")
     if enabled:
@@ -171,6 +171,9 @@ def _v1_problems(cfg: DictConfig, replay: bool) -> list[str]:
     if mode == "separate_async" and is_int(sync_step) and batch != sync_step * mini:  # verl asserts it after Ray starts
         problems.append(f"data.train_batch_size={batch} must equal trainer.v1.separate_async.parameter_sync_step "
                         f"({sync_step}) * actor_rollout_ref.actor.ppo_mini_batch_size ({mini}) in separate_async")
+    if mode == "separate_async" and cfg.actor_rollout_ref.rollout.checkpoint_engine.get("backend") == "naive":
+        problems.append("actor_rollout_ref.rollout.checkpoint_engine.backend=naive: separate_async syncs weights "
+                        "between processes; choose nccl (GPUs) or ray_object_store (CPU)")
     rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
     micro, step_micro = rollout.get("log_prob_micro_batch_size_per_gpu"), actor.get("ppo_micro_batch_size_per_gpu")
     if (replay and not rollout.get("log_prob_use_dynamic_bsz", False) and not actor.get("use_dynamic_bsz", False)
@@ -291,6 +294,8 @@ def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
 def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
     """Values verl 0.9.1 refuses only once Ray, the workers and the models have started (resume, rollout GPUs,
     batch splits, dynamic batch sizes)."""
+    from verl.trainer.ppo.utils import need_critic, need_reward_model
+
     problems = []
     trainer, arr = cfg.trainer, cfg.actor_rollout_ref
     mode = trainer.get("resume_mode", "auto")
@@ -308,29 +313,25 @@ def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
     width = math.prod(int(rollout.get(k) or 1) for k in ("tensor_model_parallel_size", "data_parallel_size",
                                                            "pipeline_model_parallel_size"))
     pool = arr.rollout if v1 else cfg.get("rollout")
-    standalone = not v1 or trainer.v1.trainer_mode == "separate_async"
-    if standalone and pool is not None:
+    separate = v1 and trainer.v1.trainer_mode == "separate_async"  # V1's rollout on GPUs of its own
+    if (separate or not v1) and pool is not None:
         prefix = "actor_rollout_ref.rollout" if v1 else "rollout"
         nodes, gpus = int(pool.get("nnodes") or 0), int(pool.get("n_gpus_per_node") or 0)
         if nodes < 1 or gpus < 1 or nodes * gpus < width:
             problems.append(f"{prefix}.nnodes={nodes} x {prefix}.n_gpus_per_node={gpus} GPUs cannot hold one rollout "
                             f"replica of tensor x data x pipeline parallel size {width}")
-        if v1 and rollout.checkpoint_engine.get("backend") == "naive":
-            problems.append("actor_rollout_ref.rollout.checkpoint_engine.backend=naive: separate_async syncs weights "
-                            "between processes; choose nccl (GPUs) or ray_object_store (CPU)")
     elif v1 and (int(trainer.n_gpus_per_node) * int(trainer.nnodes)) % width:
         problems.append(f"colocate_async: the trainer's {trainer.n_gpus_per_node} x {trainer.nnodes} GPUs do not divide "
                         f"into rollout replicas of tensor x data x pipeline parallel size {width}")
-    critic = cfg.get("critic") or {}
-    uses_critic = critic.get("enable") if critic.get("enable") is not None else cfg.algorithm.adv_estimator == "gae"
-    if not v1 and uses_critic and critic.get("strategy") != "fsdp":  # verl's separated trainers build no other
-        problems.append(f"critic.strategy={critic.get('strategy')!r}: verl 0.9.1's one-step-off and fully-async "
+    with warnings.catch_warnings(action="ignore", category=UserWarning):  # need_critic's "Disabled critic ..." note
+        uses_critic = need_critic(cfg)
+    if not v1 and uses_critic and cfg.critic.get("strategy") != "fsdp":  # verl's separated trainers build no other
+        problems.append(f"critic.strategy={cfg.critic.get('strategy')!r}: verl 0.9.1's one-step-off and fully-async "
                         "trainers build the critic only with strategy fsdp (its FSDP2 engine); set critic.strategy=fsdp")
     if "async_training" in cfg and cfg.data.get("gen_batch_size") != 1:
         problems.append(f"data.gen_batch_size must be 1 in the fully-async trainer, got {cfg.data.get('gen_batch_size')}")
-    reward_model = OmegaConf.select(cfg, "reward.reward_model") or {}
-    if (("async_training" in cfg or (v1 and trainer.v1.trainer_mode == "separate_async")) and reward_model.get("enable")
-            and not reward_model.get("enable_resource_pool")):
+    if (("async_training" in cfg or separate) and need_reward_model(cfg)
+            and not cfg.reward.reward_model.get("enable_resource_pool")):
         problems.append("reward.reward_model.enable=true needs reward.reward_model.enable_resource_pool=true here: the "
                         "rollout never pauses for a reward model on the rollout's GPUs")
     workers = int(rollout.agent.get("num_workers") or 1)
