@@ -5,7 +5,8 @@
     python -m benchmarks.staleness.run_study --quick --out runs/staleness-quick     # minutes
     python -m benchmarks.staleness.run_study --report-only --out runs/staleness     # plots and tables again
 
-Each run appends one JSON line to OUT/results.jsonl (its config, evaluation curve, per-step metrics);
+Each run appends one JSON line to OUT/results.jsonl (its config, evaluation curve, per-step metrics, and its
+provenance: commit, dirty tree, host, CPU, cores, dates, command line);
 runs already in the file are skipped, so an interrupted study resumes. `--jobs J` runs J processes
 side by side, one thread each. The report writes OUT/accuracy_vs_samples_s{S}.png, OUT/accuracy_vs_wall_s{S}.png
 and OUT/summary.md (mean +- std over seeds of final and best accuracy, samples to reach the same seed's decoupled
@@ -335,7 +336,12 @@ def main(argv=None) -> int:
             from recipe.darl.example.build import build_example
             build_example()
 
+        from benchmarks.staleness.provenance import provenance
+
+        origin = provenance()  # read once, before any run: the code the runs execute is the code at this point
+
         def save(result: dict[str, Any]) -> None:
+            result["provenance"] = {**origin, "finished": provenance()["date"]}
             with results_file.open("a") as f:
                 f.write(json.dumps(result) + "\n")
             print(f"done {result['method_name']} s={result['staleness']} seed={result['seed']}: "

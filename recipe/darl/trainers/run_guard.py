@@ -15,6 +15,7 @@ import ray
 from recipe.darl.core.darts import DartsConfig
 from recipe.darl.probes import probe
 from recipe.darl.robustness.checkpoint_files import check_resume, guarded_verl_save, read_checked, write_checked
+from recipe.darl.robustness.job_ports import JobPortWorkerGroup, port_clash_named
 from recipe.darl.robustness.reward_guard import FAILED_KEY, sanitize_rewards
 from recipe.darl.robustness.stop_request import request_path
 from recipe.darl.workers.darts_rollout import darts_config, install_in_rollouter
@@ -27,6 +28,13 @@ class RunGuardMixin:
 
     def _init_run_guard(self, config) -> None:
         self.darts: DartsConfig = darts_config(config)
+        # verl's worker-group hook: torch.distributed ports from the job's own range (robustness/job_ports.py)
+        self.ray_worker_group_cls = JobPortWorkerGroup
+
+    def _init_models(self):
+        # rank 0 of each worker group binds its port here: a clash names the port and the setting
+        with port_clash_named():
+            return super()._init_models()
 
     def _save_state_then(self, folder: str, step: int, verl_save: Callable[[], Any],
                          extra: Callable[[str], Any] = lambda folder: None) -> Any:

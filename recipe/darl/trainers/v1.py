@@ -16,6 +16,7 @@ import transfer_queue as tq
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl import DataProto
+from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.utils.debug import marked_timer
@@ -23,6 +24,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.utils.padding import response_to_nested
 
 from recipe.darl.probes import swapped
+from recipe.darl.robustness.job_ports import JobPortWorkerGroup, port_clash_named
 from recipe.darl.trainers.batches import loss_inputs, minibatch_index, replay_metrics
 from recipe.darl.trainers.replay_mixin import ReplayStepMixin
 from recipe.darl.trainers.run_guard import RunGuardMixin
@@ -45,7 +47,9 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
         return self.global_steps - 1
 
     def _setup(self):
-        super()._setup()
+        # V1 builds its worker groups from the module's RayWorkerGroup (no class hook): ports from the job's range
+        with swapped(trainer_base, "RayWorkerGroup", JobPortWorkerGroup), port_clash_named():
+            super()._setup()
         self._install_loss(self.actor_rollout_wg)
 
     def _save_checkpoint(self):
