@@ -54,7 +54,9 @@
 #   PYTHON         interpreter for the launch script [python3]
 #   GPUS_PER_NODE  GPUs Ray may use on each node [$SLURM_GPUS_ON_NODE, else nvidia-smi's count]
 #   CPUS_PER_NODE  CPUs Ray may use on each node [$SLURM_CPUS_PER_TASK, else nproc]
-#   RAY_PORT       Ray head port [6379]
+#   RAY_PORT       Ray head port [a port of the job's own range, below]
+#   DARL_PORT_RANGE  torch.distributed ports of the job's worker groups, LO-HI [a 48-port slot of 20000-31999 chosen
+#                  by the job id; the Ray head's ports follow it, so two jobs on one node do not collide]
 #   RAY_HEAD_IP    the head's address [the first node's first IP address]
 #   RAY_WAIT_S     seconds to wait for all Ray nodes [300]
 #   RAY_HEAD_DELAY_S  seconds between starting the head and the workers [10]
@@ -290,7 +292,10 @@ fi
 script_gpu_needs "$SCRIPT" "$@"
 check_gpus "${#NODES[@]}" "$GPUS_PER_NODE" "" "job $SLURM_JOB_ID has"
 CPUS_PER_NODE="${CPUS_PER_NODE:-${SLURM_CPUS_PER_TASK:-$(nproc)}}"
-RAY_PORT="${RAY_PORT:-6379}"
+# the job's own ports, below the kernel's ephemeral range: 48 for torch.distributed, then the Ray head's
+JOB_PORTS=$(( 20000 + (SLURM_JOB_ID % 187) * 64 ))
+export DARL_PORT_RANGE="${DARL_PORT_RANGE:-$JOB_PORTS-$(( JOB_PORTS + 48 ))}"
+RAY_PORT="${RAY_PORT:-$(( JOB_PORTS + 48 ))}"
 if [[ -z "${RAY_HEAD_IP:-}" ]]; then
     RAY_HEAD_IP="$(srun --overlap --nodes=1 --ntasks=1 --nodelist="$HEAD" hostname --ip-address | awk '{print $1}')"
 fi
@@ -322,7 +327,7 @@ trap cleanup EXIT
 trap on_usr1 USR1
 
 # Ray head on the first node, a worker on each other node
-ray_common=(--num-cpus="$CPUS_PER_NODE" --num-gpus="$GPUS_PER_NODE" --block)
+ray_common=(--num-cpus="$CPUS_PER_NODE" --num-gpus="$GPUS_PER_NODE" --dashboard-agent-listen-port=$(( JOB_PORTS + 49 )) --block)
 start_bg() {  # start_bg LOGFILE CMD...: print CMD; unless DRY_RUN, run it in the background into LOGFILE
     local logfile="$1"
     shift
@@ -332,7 +337,8 @@ start_bg() {  # start_bg LOGFILE CMD...: print CMD; unless DRY_RUN, run it in th
     RAY_PIDS+=($!)
 }
 start_bg "$LOG_DIR/$JOB_TAG-ray-$HEAD.log" srun --overlap --nodes=1 --ntasks=1 --nodelist="$HEAD" \
-    ray start --head --node-ip-address="$RAY_HEAD_IP" --port="$RAY_PORT" --dashboard-host=0.0.0.0 "${ray_common[@]}"
+    ray start --head --node-ip-address="$RAY_HEAD_IP" --port="$RAY_PORT" --dashboard-host=0.0.0.0 \
+    --dashboard-port=$(( JOB_PORTS + 50 )) --ray-client-server-port=$(( JOB_PORTS + 51 )) "${ray_common[@]}"
 [[ "$DRY_RUN" == 1 ]] || sleep "${RAY_HEAD_DELAY_S:-10}"
 for node in "${NODES[@]:1}"; do
     start_bg "$LOG_DIR/$JOB_TAG-ray-$node.log" srun --overlap --nodes=1 --ntasks=1 --nodelist="$node" \

@@ -11,6 +11,9 @@ import pytest
 from cluster_helpers import ROOT, SHELLS, base_env, parse_dry_run
 
 RUN_SH = SHELLS / "run.sh"
+# job 777's own ports: a 64-port slot of 20000-31999 by job id, 48 for torch.distributed, then the Ray head's
+JOB_PORTS = 20000 + (777 % 187) * 64
+RAY = JOB_PORTS + 48
 
 STUBS = {
     # srun: record the call, drop its options, run the command (the stubs below, or bash)
@@ -35,10 +38,10 @@ def slurm(tmp_path):
         (bin_dir / name).chmod(0o755)
     script = tmp_path / "record.sh"
     script.write_text('echo "ARGS: $*"\necho "RAY_ADDRESS=$RAY_ADDRESS PYTHONPATH=$PYTHONPATH NCCL_DEBUG=$NCCL_DEBUG"\n'
-                      'echo "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS-unset}"\n'
+                      'echo "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS-unset} DARL_PORT_RANGE=$DARL_PORT_RANGE"\n'
                       '[[ -n "${SLEEP:-}" ]] && exec sleep "$SLEEP"\nexit "${EXIT_CODE:-0}"\n')
     env = dict(os.environ)
-    for key in ("SLURM_JOB_ID", "SBATCH_ARGS", "GPU_CHECK", "GPUS_PER_NODE", "TRAINER_GPUS", "ROLLOUT_GPUS", "NNODES",
+    for key in ("SLURM_JOB_ID", "DARL_PORT_RANGE", "SBATCH_ARGS", "GPU_CHECK", "GPUS_PER_NODE", "TRAINER_GPUS", "ROLLOUT_GPUS", "NNODES",
                 "ROLLOUT_NNODES", "CUDA_DEVICE_MAX_CONNECTIONS", "DARL_PRINT_CMD", "DRY_RUN"):
         env.pop(key, None)
     env.update(PATH=f"{bin_dir}:{env['PATH']}", STUB_LOG=str(tmp_path / "calls.log"), LOG_DIR=str(tmp_path / "logs"),
@@ -89,16 +92,17 @@ def test_job_starts_ray_on_every_node_then_the_script(slurm):
     c = calls(tmp)
     assert "scontrol show hostnames gpu1,gpu2,gpu3" in c
     head = [x for x in c if x.startswith("ray start --head")]
-    workers = [x for x in c if x.startswith("ray start --address=10.1.2.3:6379")]
-    assert len(head) == 1 and "--num-gpus=8" in head[0] and "--num-cpus=32" in head[0] and "--port=6379" in head[0]
+    workers = [x for x in c if x.startswith(f"ray start --address=10.1.2.3:{RAY}")]
+    assert len(head) == 1 and "--num-gpus=8" in head[0] and "--num-cpus=32" in head[0] and f"--port={RAY}" in head[0]
     assert len(workers) == 2
     assert any(x.startswith("srun --overlap --nodes=1 --ntasks=1 --nodelist=gpu1 ray start --head") for x in c)
     assert {x.split("--nodelist=")[1].split()[0] for x in c if "ray start --address" in x and x.startswith("srun")} == {"gpu2", "gpu3"}
-    assert any(x.startswith("ray status --address=10.1.2.3:6379") for x in c)
+    assert any(x.startswith(f"ray status --address=10.1.2.3:{RAY}") for x in c)
     assert sum(x.startswith("ray stop") for x in c) == 3  # cleanup on every node
     log = (tmp / "logs" / "darl-777-restart1.log").read_text()  # per job and restart
     assert "ARGS: x=1 y=two words" in log
-    assert f"RAY_ADDRESS=10.1.2.3:6379 PYTHONPATH={ROOT}" in log and "NCCL_DEBUG=WARN" in log
+    assert f"RAY_ADDRESS=10.1.2.3:{RAY} PYTHONPATH={ROOT}" in log and "NCCL_DEBUG=WARN" in log
+    assert f"DARL_PORT_RANGE={JOB_PORTS}-{JOB_PORTS + 48}" in log  # the trainer's worker groups take their ports there
     # not set by run.sh: verl 0.9.1 sets it for Megatron only; with FSDP2 it serialises compute and prefetch
     assert "CUDA_DEVICE_MAX_CONNECTIONS=unset" in log
     assert (tmp / "logs" / "darl-777-ray-gpu1.log").exists() and (tmp / "logs" / "darl-777-ray-gpu3.log").exists()
@@ -110,8 +114,8 @@ def test_job_dry_run_prints_the_plan_and_runs_nothing(slurm):
     p = subprocess.run(["bash", str(RUN_SH), str(script), "k=v"], env=job, capture_output=True, text=True, timeout=60, check=True)
     lines = p.stdout.splitlines()
     assert lines[0].startswith("+ srun --overlap --nodes=1 --ntasks=1 --nodelist=gpu1 ray start --head")
-    assert sum("ray start --address=10.1.2.3:6379" in x for x in lines) == 2
-    assert lines[-1] == f"+ env RAY_ADDRESS=10.1.2.3:6379 bash {script} k=v"
+    assert sum(f"ray start --address=10.1.2.3:{RAY}" in x for x in lines) == 2
+    assert lines[-1] == f"+ env RAY_ADDRESS=10.1.2.3:{RAY} bash {script} k=v"
     assert not any(x.startswith(("ray ", "bash")) for x in calls(tmp))  # only hostnames and the head's address were asked
     assert not (tmp / "logs" / "darl-777-restart1.log").exists()
 
@@ -233,7 +237,7 @@ def test_job_accepts_the_4b_script_on_two_nodes(slurm):
     job.update(SLURM_JOB_NODELIST="gpu1,gpu2", SLURM_GPUS_ON_NODE="2", DRY_RUN="1")
     p = subprocess.run(["bash", str(RUN_SH), FOUR_B], env=job, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.splitlines()[-1] == f"+ env RAY_ADDRESS=10.1.2.3:6379 bash {FOUR_B}"
+    assert p.stdout.splitlines()[-1] == f"+ env RAY_ADDRESS=10.1.2.3:{RAY} bash {FOUR_B}"
 
 
 def test_usr1_before_the_time_limit_requeues(slurm):

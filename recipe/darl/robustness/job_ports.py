@@ -60,8 +60,9 @@ class JobPortWorkerGroup(RayWorkerGroup):
 
 
 def is_port_clash(exc: BaseException) -> bool:
+    """torch's TCPStore could not bind, or verl's scan found no free port in the range."""
     text = str(exc)
-    return "EADDRINUSE" in text or "Address already in use" in text or "address already in use" in text
+    return any(s in text for s in ("EADDRINUSE", "ddress already in use", "Could not find a free port"))
 
 
 @contextlib.contextmanager
@@ -74,6 +75,6 @@ def port_clash_named() -> Iterator[None]:
             raise
         lo, hi = _RANGE or (None, None)
         raise RuntimeError(
-            f"a worker group's torch.distributed port was taken before it bound it (ports tried from {handed_out}, "
-            f"this job's range {lo}-{hi}). Another program uses ports there: give this job a free range with "
-            f"{ENV}=LO-HI (for example {ENV}=24000-24064) and relaunch.") from exc
+            f"a worker group found no free torch.distributed port or lost it before binding it (scans started at "
+            f"{handed_out}, this job's range {lo}-{hi}). Other programs use ports there: give this job a free range "
+            f"with {ENV}=LO-HI (for example {ENV}=24000-24064) and relaunch.") from exc

@@ -31,9 +31,12 @@ class RunGuardMixin:
         # verl's worker-group hook: torch.distributed ports from the job's own range (robustness/job_ports.py)
         self.ray_worker_group_cls = JobPortWorkerGroup
 
+    def _init_worker_groups(self):
+        with port_clash_named():  # no free port in the job's range: an error naming the setting
+            return super()._init_worker_groups()
+
     def _init_models(self):
-        # rank 0 of each worker group binds its port here: a clash names the port and the setting
-        with port_clash_named():
+        with port_clash_named():  # rank 0 of each worker group binds its port here
             return super()._init_models()
 
     def _save_state_then(self, folder: str, step: int, verl_save: Callable[[], Any],
