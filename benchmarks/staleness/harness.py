@@ -20,6 +20,10 @@ Methods (all with the same number of generated samples per step, so the same tot
   rho = 1 (batch_weights with old = rollout, `own`, `tokens`), no recompute, no correction.
 - ``decoupled``: AReaL-style. pi_old recomputed with the current weights, token-level truncated IS
   with C = `threshold` (batch_weights with `own` + `tokens`), no replay (reduction R1 of docs/algorithm.md).
+- ``icepop``: ``decoupled`` with verl's token-level IcePop (`RolloutCorrectionConfig.decoupled_token_icepop`): the
+  weight pi_old / mu of a token outside [`icepop_low`, `icepop_high`] is 0 (verl's own
+  `compute_rollout_correction_weights` decides which), inside it is not truncated; tokens keep their place in the
+  loss's normalisation, as verl keeps response_mask.
 - ``darl``: the replay buffer over K versions with every `replay.*` key of the trainers (`k`, `pmis`, `order`,
   `ratio`, `m2_budget`, `behavior_clip`, `prompt_replay`, ...). Per-prompt replay is off here unless a
   configuration sets it; run_study's `darl` sets it as the preset does.
@@ -49,7 +53,7 @@ import torch
 
 from recipe.darl.core import Group, ReplayConfig, ReplayStep, StepPlan, sample_chi2
 
-METHODS = ("naive", "decoupled", "darl")
+METHODS = ("naive", "decoupled", "icepop", "darl")
 
 
 @dataclass
@@ -70,6 +74,8 @@ class HarnessConfig:
     clip_high: float = 0.2
     clip_ratio_c: float = 3.0  # verl's dual clip
     threshold: float = 2.0  # rollout_is_threshold C (decoupled, darl)
+    icepop_low: float = 0.5  # icepop: verl's decoupled_token_icepop defaults
+    icepop_high: float = 5.0
     minibatches: int = 1  # optimizer mini-batches per pass
     epochs: int = 1  # passes over the step's batch (verl's ppo_epochs); 2 with decoupled: the equal-update baseline
     # D-ARL (method "darl"); the defaults are the `_pmis_sg` launch configuration's, with per-prompt replay off
@@ -385,6 +391,10 @@ class Harness:
         mb_index = (torch.arange(num) // cfg.n) // (cfg.prompts_per_step // cfg.minibatches)
         inputs = self.replay.loss_inputs(plan, mask, old, rollout, cfg.threshold, cfg.clip_low, cfg.clip_high, mb_index)
         weights = inputs.weights
+        threshold = cfg.threshold
+        if cfg.method == "icepop":
+            weights.token_coef = icepop_coef(weights.token_coef, old, rollout, mask, cfg.icepop_low, cfg.icepop_high)
+            threshold = cfg.icepop_high  # no truncation inside the bounds
         adv = self.advantages(batch)
         # mismatch of the trained batch; naive's pi_old is mu (0 by construction), so it is measured below
         chi2 = None if cfg.method == "naive" else sample_chi2(old, rollout, mask)
@@ -398,7 +408,7 @@ class Harness:
             if cfg.method == "naive" and mb == 0:
                 # pi_old is not recomputed; for the metric only, the mismatch of the current weights
                 chi2 = sample_chi2(torch.where(mask[rows], lp.detach(), 0.0), rollout[rows], mask[rows])
-            loss, stats = self.replay.loss(lp, old[rows], adv[rows], mask[rows], inputs, rows, cfg.threshold,
+            loss, stats = self.replay.loss(lp, old[rows], adv[rows], mask[rows], inputs, rows, threshold,
                                            clip_ratio_c=cfg.clip_ratio_c)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -468,6 +478,15 @@ class Harness:
             "wall": self.wall,
             "step_time_mean": self.wall / max(len(self.history), 1),
         }
+
+
+def icepop_coef(token_coef: torch.Tensor, old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
+                low: float, high: float) -> torch.Tensor:
+    """[B, L] token coefficients with 0 where verl's token IcePop weight pi_old / mu is 0 (outside [low, high])."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+
+    verl_w, _ = compute_rollout_correction_weights(old - rollout, mask.float(), "token", f"{low}_{high}")
+    return torch.where(verl_w > 0, token_coef, 0.0)
 
 
 def _finite_mean(x: torch.Tensor) -> float:

@@ -18,6 +18,51 @@ def t975(df: int) -> float:
     return _T975[df - 1] if df <= len(_T975) else 1.96
 
 
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """P(|T| >= |t|) for Student's t with `df` degrees of freedom: I_{df/(df+t^2)}(df/2, 1/2)."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    if not math.isfinite(t):
+        return 0.0
+    x, a, b = df / (df + t * t), df / 2.0, 0.5
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:  # t = 0
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return min(1.0, front * _betacf(a, b, x) / a)
+    return min(1.0, 1.0 - front * _betacf(b, a, 1.0 - x) / b)
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input's order (family-wise error control)."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 @dataclass(frozen=True)
 class Paired:
     """a - b over the seeds both have, in the units of a and b."""
@@ -27,6 +72,7 @@ class Paired:
     low: float  # 95% interval, nan with one seed
     high: float
     above: int  # seeds with a > b
+    p: float = math.nan  # two-sided paired t test of mean 0
 
     def points(self) -> str:
         """'+6.6 [-2.2, +15.3], 5 of 6 above' for accuracies given as fractions."""
@@ -51,5 +97,7 @@ def paired(a: dict[int, float], b: dict[int, float]) -> Paired:
     mean = statistics.fmean(diffs)
     if len(diffs) == 1:
         return Paired(1, mean, math.nan, math.nan, int(diffs[0] > 0))
-    half = t975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return Paired(len(diffs), mean, mean - half, mean + half, sum(d > 0 for d in diffs))
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
+    half = t975(len(diffs) - 1) * se
+    p = t_two_sided_p(mean / se, len(diffs) - 1) if se > 0 else (1.0 if mean == 0 else 0.0)
+    return Paired(len(diffs), mean, mean - half, mean + half, sum(d > 0 for d in diffs), p)

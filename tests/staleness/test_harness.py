@@ -49,7 +49,7 @@ def same_weights(a, b):
     return all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("method", ["naive", "decoupled", "darl"])
+@pytest.mark.parametrize("method", ["naive", "decoupled", "icepop", "darl"])
 def test_methods_run_with_finite_losses(model_dir, method):
     h = make(model_dir, method, staleness=2)
     start = weights(h)
@@ -108,7 +108,9 @@ def test_pmis_mixes_versions_only_while_staleness_is_below_k(model_dir):
 def test_study_names_resolve(model_dir):
     for name, overrides in METHODS.items():
         cfg = HarnessConfig(**{k: v for k, v in overrides.items() if k != "staleness"}, model_dir=str(model_dir))
-        assert cfg.method in ("naive", "decoupled", "darl"), name
+        assert cfg.method in ("naive", "decoupled", "icepop", "darl"), name
+        if name.endswith("_e2"):  # two passes of the configuration without the suffix
+            assert cfg.epochs == 2 and {**METHODS[name[:-3]], "epochs": 2} == overrides, name
     assert HarnessConfig(method="darl").replay_config().resolved("order") == "least_reused"
     with pytest.raises(ValueError, match="replay.order"):
         HarnessConfig(method="darl", order="chi2")  # a retired design
@@ -155,6 +157,19 @@ def _fake(method, s, seed, final, wall_steps=(1.0,), evals=None):
     evals = evals or [{"accuracy": 0.35, "samples": 0}, {"accuracy": final, "samples": 100}]
     return {"method_name": method, "staleness": s, "seed": seed, "final_accuracy": final, "evals": evals,
             "samples": 100, "steps": [{"time_gen": t, "time_train": 0.0} for t in wall_steps]}
+
+
+def test_icepop_zeroes_exactly_the_tokens_outside_its_bounds_by_hand():
+    """rho = pi_old / mu per token: 0.4 and 6.0 fall outside [0.5, 5] (weight 0), 0.5, 1, 4.9 and 5 stay; padding stays 0."""
+    from benchmarks.staleness.harness import icepop_coef
+
+    rho = torch.tensor([[0.4, 0.5, 1.0, 4.9], [5.0, 6.0, 1.0, 1.0]])
+    rollout = torch.full_like(rho, -1.0)
+    old = rollout + rho.log()
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]).bool()
+    coef = torch.full_like(rho, 0.25)
+    out = icepop_coef(coef, old, rollout, mask, 0.5, 5.0)
+    assert out.tolist() == [[0.0, 0.25, 0.25, 0.25], [0.25, 0.0, 0.25, 0.0]]
 
 
 def test_headline_by_hand():

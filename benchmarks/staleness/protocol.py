@@ -1,0 +1,145 @@
+"""The rules of docs/evidence/protocol.md as code: choosing the preset on development seeds, the held-out headline.
+
+    python -m benchmarks.staleness.protocol choose runs/protocol/scarce/dev          # the preset and the alternative
+    python -m benchmarks.staleness.protocol headline runs/protocol/scarce/heldout --preset darl --alternative equal_update
+
+`choose` scores each configuration by the mean over s in {4, 8} of its mean final accuracy over the development
+seeds and picks the best D-ARL configuration (the preset) and the best simple alternative. `headline` pairs the
+preset with decoupled PPO and with the alternative at s = 4 and 8 over the held-out seeds (paired t test), adjusts
+the four p-values with Holm's method and gives each comparison its verdict; secondary rows follow, unadjusted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any, Iterable
+
+from benchmarks.staleness.paired import holm, paired
+from benchmarks.staleness.provenance import same_origin
+from benchmarks.staleness.run_study import load_results
+
+DEV_SEEDS = tuple(range(8))
+HELDOUT_SEEDS = (1344, 1808, 2321, 4368, 5458, 6024, 6336, 6750, 7613, 8324, 9586, 9637)
+STALENESS = (4, 8)
+DARL_CONFIGS = ("darl", "darl_no_prompt", "darl_k1", "darl_own", "darl_tokens", "darl_newest")
+DARL_CANDIDATES = DARL_CONFIGS + tuple(f"{c}_e2" for c in DARL_CONFIGS)
+SIMPLE_CANDIDATES = ("equal_update", "icepop", "uniform_replay", "uniform_replay_e2", "prompt_only", "prompt_only_e2")
+# everything the development stage runs (docs/evidence/protocol.md, section 2), the cheapest first
+DEV_CONFIGS = ("sync", "naive", "decoupled", "equal_update", "icepop", "gates_only", "uniform_replay", "prompt_only",
+               *DARL_CONFIGS, "uniform_replay_e2", "prompt_only_e2", *(f"{c}_e2" for c in DARL_CONFIGS))
+ALPHA = 0.05
+
+
+def _finals(results: Iterable[dict[str, Any]], seeds: Iterable[int]) -> dict[tuple[int, str], dict[int, dict]]:
+    keep = set(seeds)
+    out: dict[tuple[int, str], dict[int, dict]] = {}
+    for r in results:
+        if r["seed"] in keep:
+            out.setdefault((r["staleness"], r["method_name"]), {})[r["seed"]] = r
+    return out
+
+
+def score(results: list[dict[str, Any]], name: str, seeds: Iterable[int] = DEV_SEEDS,
+          stalenesses: Iterable[int] = STALENESS) -> float | None:
+    """Mean over s of the mean final accuracy over `seeds`; None unless every s has every seed."""
+    seeds, cells = tuple(seeds), _finals(results, seeds)
+    means = []
+    for s in stalenesses:
+        runs = cells.get((s, name), {})
+        if set(runs) != set(seeds):
+            return None
+        means.append(statistics.fmean(r["final_accuracy"] for r in runs.values()))
+    return statistics.fmean(means)
+
+
+def choose(results: list[dict[str, Any]], candidates: Iterable[str], seeds: Iterable[int] = DEV_SEEDS) -> str | None:
+    """The candidate with the highest score (ties: the one listed first); None while any candidate is incomplete."""
+    scores = {c: score(results, c, seeds) for c in candidates}
+    if not scores or any(v is None for v in scores.values()):
+        return None
+    best = max(scores.values())
+    return next(c for c, v in scores.items() if v == best)
+
+
+def score_table(results: list[dict[str, Any]], names: Iterable[str], seeds: Iterable[int] = DEV_SEEDS) -> str:
+    seeds = tuple(seeds)
+    cells = _finals(results, seeds)
+    lines = ["| configuration | " + " | ".join(f"s = {s} final (seeds)" for s in STALENESS) + " | score |",
+             "|---|" + "---|" * (len(STALENESS) + 1)]
+    for name in names:
+        parts = []
+        for s in STALENESS:
+            runs = [r["final_accuracy"] for r in cells.get((0 if name == "sync" else s, name), {}).values()]
+            sd = f" ± {statistics.stdev(runs):.3f}" if len(runs) > 1 else ""
+            parts.append(f"{statistics.fmean(runs):.3f}{sd} ({len(runs)})" if runs else "-")
+        value = score(results, name, seeds, (0,) if name == "sync" else STALENESS)
+        lines.append(f"| {name} | " + " | ".join(parts) + f" | {'-' if value is None else f'{value:.3f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _pair(cells, s: int, a: str, b: str) -> dict[str, Any]:
+    ra, rb = cells.get((s, a), {}), cells.get((0 if b == "sync" else s, b), {})
+    seeds = sorted(set(ra) & set(rb))
+    diff = paired({x: ra[x]["final_accuracy"] for x in seeds}, {x: rb[x]["final_accuracy"] for x in seeds})
+    side = sum(same_origin(ra[x].get("provenance"), rb[x].get("provenance")) for x in seeds)
+    return {"s": s, "a": a, "b": b, "diff": diff, "side_by_side": side}
+
+
+def headline(results: list[dict[str, Any]], preset: str, alternative: str,
+             seeds: Iterable[int] = HELDOUT_SEEDS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The four Holm-adjusted comparisons, and the secondary rows (preset minus naive, equal_update and sync)."""
+    cells = _finals(results, seeds)
+    family = [_pair(cells, s, preset, b) for b in ("decoupled", alternative) for s in STALENESS]
+    for row, adj in zip(family, holm([r["diff"].p if r["diff"].n > 1 else 1.0 for r in family])):
+        row["p_holm"] = adj
+        if row["diff"].n < 2 or adj >= ALPHA:
+            row["verdict"] = "not separated"
+        else:
+            row["verdict"] = "supported" if row["diff"].mean > 0 else "refuted"
+    secondary = [_pair(cells, s, preset, b) for b in ("naive", "equal_update", "sync") for s in STALENESS
+                 if b not in (alternative,)]
+    return family, [r for r in secondary if r["diff"].n > 0]
+
+
+def headline_table(family: list[dict[str, Any]], secondary: list[dict[str, Any]]) -> str:
+    lines = ["| s | comparison | paired seeds (side by side) | difference, points [95% interval], seeds above | p | "
+             "p, Holm | verdict |", "|---|---|---|---|---|---|---|"]
+    for r in family:
+        lines.append(f"| {r['s']} | {r['a']} - {r['b']} | {r['diff'].n} ({r['side_by_side']}) | {r['diff'].points()} | "
+                     f"{r['diff'].p:.3g} | {r['p_holm']:.3g} | {r['verdict']} |")
+    for r in secondary:
+        lines.append(f"| {r['s']} | {r['a']} - {r['b']} (secondary) | {r['diff'].n} ({r['side_by_side']}) | "
+                     f"{r['diff'].points()} | {r['diff'].p:.3g} | - | - |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("choose", help="the preset and the strongest simple alternative, from development runs")
+    c.add_argument("study", type=Path)
+    c.add_argument("--out", type=Path)
+    h = sub.add_parser("headline", help="the held-out headline with Holm's correction")
+    h.add_argument("study", type=Path)
+    h.add_argument("--preset", required=True)
+    h.add_argument("--alternative", required=True)
+    h.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    results = load_results(args.study / "results.jsonl")
+    if args.command == "choose":
+        preset, alternative = choose(results, DARL_CANDIDATES), choose(results, SIMPLE_CANDIDATES)
+        text = (score_table(results, [n for n in DEV_CONFIGS if any(r["method_name"] == n for r in results)])
+                + f"\npreset: {preset or 'not yet (a candidate lacks runs)'}\n"
+                + f"alternative: {alternative or 'not yet (a candidate lacks runs)'}\n")
+    else:
+        text = headline_table(*headline(results, args.preset, args.alternative))
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# docs/evidence/protocol.md, run: the testbed validation, the development stage, then (STAGE=heldout) the held-out
+# stage. Finished runs are skipped, so an interrupted study goes on where it stopped.
+#   bash benchmarks/staleness/protocol.sh [OUT]                 # validation + development stage (seeds 0-7)
+#   STAGE=heldout bash benchmarks/staleness/protocol.sh [OUT]   # the held-out seeds, once the development stage chose
+# TASK (scarce) picks the regime; JOBS (2) runs side by side, one thread each.
+set -euo pipefail
+OUT="${1:-runs/protocol}"
+TASK="${TASK:-scarce}"
+STAGE="${STAGE:-dev}"
+JOBS="${JOBS:-2}"
+export OMP_NUM_THREADS=1
+PY="${PYTHON:-python}"
+here="$(dirname "${BASH_SOURCE[0]}")"
+consts() { "$PY" -c "from benchmarks.staleness import protocol as p; print(' '.join(map(str, p.$1)))"; }
+
+PYTHON="$PY" JOBS="$JOBS" TASK="$TASK" bash "$here/validate.sh" "$OUT/validation"
+LR=$("$PY" -c "
+from pathlib import Path; from benchmarks.staleness.validation import by_lr, best_lr
+print(format(best_lr(by_lr(Path('$OUT/validation/$TASK'))), 'g'))")
+common=(--task "$TASK" --lr "$LR" --steps 50 --eval-every 10 --val-size 500 --minibatches 2 --jobs "$JOBS")
+echo "regime: $TASK at lr $LR"
+
+if [[ "$STAGE" == dev ]]; then
+    for s in 4 8; do  # s = 4 for every configuration and seed first, then s = 8
+        "$PY" -m benchmarks.staleness.run_study --out "$OUT/$TASK/dev" "${common[@]}" --staleness "$s" \
+            --seeds $(consts DEV_SEEDS) --methods $(consts DEV_CONFIGS)
+    done
+    "$PY" -m benchmarks.staleness.protocol choose "$OUT/$TASK/dev" --out "$OUT/$TASK/dev/choice.md"
+elif [[ "$STAGE" == heldout ]]; then
+    choice="$OUT/$TASK/dev/choice.md"
+    PRESET=$(sed -n 's/^preset: \([a-z0-9_]*\)$/\1/p' "$choice")
+    ALT=$(sed -n 's/^alternative: \([a-z0-9_]*\)$/\1/p' "$choice")
+    [[ -n "$PRESET" && -n "$ALT" ]] || { echo "the development stage has not chosen yet: $choice" >&2; exit 1; }
+    "$PY" -m benchmarks.staleness.run_study --out "$OUT/$TASK/heldout" "${common[@]}" --staleness 4 8 \
+        --seeds $(consts HELDOUT_SEEDS) --methods sync naive decoupled equal_update "$PRESET" "$ALT"
+    "$PY" -m benchmarks.staleness.protocol headline "$OUT/$TASK/heldout" --preset "$PRESET" --alternative "$ALT" \
+        --out "$OUT/$TASK/heldout/headline.md"
+else
+    echo "STAGE must be dev or heldout, got '$STAGE'" >&2; exit 1
+fi

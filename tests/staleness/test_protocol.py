@@ -1,0 +1,99 @@
+"""The evidence protocol's machinery: provenance, the testbed validation, the preset's choice and the Holm headline."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks.staleness import protocol
+from benchmarks.staleness.paired import holm, paired, t975, t_two_sided_p
+from benchmarks.staleness.provenance import provenance, same_origin
+from benchmarks.staleness.run_study import METHODS
+from benchmarks.staleness.validation import best_lr, by_lr, staleness_rows
+
+REPO = Path(__file__).resolve().parents[2]
+ORIGIN = {"commit": "a" * 40, "dirty": False, "host": "h1"}
+
+
+def run(method, s, seed, final, lr=1e-4, origin=ORIGIN):
+    return {"method_name": method, "staleness": s, "seed": seed, "final_accuracy": final, "best_accuracy": final,
+            "initial_accuracy": 0.2, "common": {"lr": lr}, "provenance": dict(origin)}
+
+
+def test_provenance_names_the_commit_the_host_and_a_clean_or_dirty_tree():
+    p = provenance()
+    assert re.fullmatch(r"[0-9a-f]{40}", p["commit"]) and isinstance(p["dirty"], bool)
+    assert p["cores"] >= 1 and p["host"] and p["cpu"] and p["date"].startswith("20")
+    assert same_origin(ORIGIN, dict(ORIGIN))
+    assert not same_origin(ORIGIN, {**ORIGIN, "host": "h2"}) and not same_origin(ORIGIN, {**ORIGIN, "commit": "b" * 40})
+    assert not same_origin(ORIGIN, {**ORIGIN, "dirty": True}) and not same_origin(ORIGIN, None)  # archived: none
+
+
+def test_t_p_values_and_holm_by_hand():
+    for df in (1, 2, 5, 11, 30):  # the interval's quantile is where the two-sided p is 0.05
+        assert t_two_sided_p(t975(df), df) == pytest.approx(0.05, abs=2e-4)
+    assert t_two_sided_p(1.0, 10) == pytest.approx(0.34089, abs=1e-5)  # tables of Student's t
+    assert t_two_sided_p(3.0, 4) == pytest.approx(0.03994, abs=1e-5)
+    assert t_two_sided_p(0.0, 7) == 1.0
+    # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    d = paired({0: 0.5, 1: 0.6, 2: 0.7}, {0: 0.4, 1: 0.4, 2: 0.4})  # diffs 0.1, 0.2, 0.3: t = 0.2 / (0.1 / sqrt 3)
+    assert d.p == pytest.approx(t_two_sided_p(0.2 / (0.1 / 3 ** 0.5), 2))
+
+
+def test_validation_picks_syncs_best_rate_and_asks_every_stale_interval_below_zero(tmp_path):
+    rows = {1e-4: [run("sync", 0, x, 0.40 + 0.01 * x) for x in range(3)],
+            2e-4: [run("sync", 0, x, 0.50 + 0.01 * x, 2e-4) for x in range(3)]
+            + [run("decoupled", 4, x, 0.30 + 0.02 * x, 2e-4) for x in range(3)]
+            + [run("naive", 4, x, 0.52 - 0.02 * x, 2e-4, {**ORIGIN, "host": "other"}) for x in range(3)]}
+    for lr, runs in rows.items():
+        folder = tmp_path / f"lr{lr:g}"
+        folder.mkdir()
+        (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    runs = by_lr(tmp_path)
+    assert best_lr(runs) == 2e-4
+    cells = {r["method"]: r for r in staleness_rows(runs[2e-4])}
+    assert cells["decoupled"]["hurts"] and cells["decoupled"]["side_by_side"] == 3  # -20, -19, -18 points
+    assert not cells["naive"]["hurts"] and cells["naive"]["side_by_side"] == 0  # +2, 0, -2: within noise; other host
+
+
+def test_the_preset_is_chosen_by_the_development_score_and_ties_go_first():
+    seeds = (0, 1)
+    results = [run(m, s, x, f) for s in (4, 8) for x in seeds for m, f in
+               (("darl", 0.5), ("darl_no_prompt", 0.6 if s == 4 else 0.45), ("darl_e2", 0.55))]
+    # scores: darl 0.5, darl_no_prompt 0.525, darl_e2 0.55
+    assert protocol.choose(results, ("darl", "darl_no_prompt", "darl_e2"), seeds) == "darl_e2"
+    assert protocol.choose(results, ("darl_no_prompt", "darl"), seeds) == "darl_no_prompt"
+    results += [run("darl_k1", 4, 0, 0.9)]  # incomplete: no choice yet
+    assert protocol.choose(results, ("darl", "darl_k1"), seeds) is None
+    tie = [run(m, s, x, 0.5) for s in (4, 8) for x in seeds for m in ("a", "b")]
+    assert protocol.choose(tie, ("b", "a"), seeds) == "b"
+
+
+def test_the_headline_is_four_comparisons_with_holm():
+    seeds = tuple(range(6))
+    results = []
+    for s in (4, 8):
+        for x in seeds:
+            results += [run("darl", s, x, 0.60 + 0.01 * x), run("decoupled", s, x, 0.40 + 0.012 * x),
+                        run("equal_update", s, x, 0.60 + 0.01 * x + (0.02 if x % 2 else -0.02)),
+                        run("naive", s, x, 0.2)]
+    results += [run("sync", 0, x, 0.55) for x in seeds]
+    family, secondary = protocol.headline(results, "darl", "equal_update", seeds)
+    assert [(r["s"], r["b"]) for r in family] == [(4, "decoupled"), (8, "decoupled"), (4, "equal_update"),
+                                                  (8, "equal_update")]
+    assert [r["verdict"] for r in family] == ["supported", "supported", "not separated", "not separated"]
+    assert all(r["p_holm"] >= r["diff"].p for r in family)
+    assert {(r["b"]) for r in secondary} == {"naive", "sync"}  # equal_update is the alternative: in the family
+    assert "p, Holm" in protocol.headline_table(family, secondary)
+
+
+def test_the_protocol_file_and_the_code_agree():
+    text = (REPO / "docs" / "evidence" / "protocol.md").read_text()
+    assert " ".join(map(str, protocol.HELDOUT_SEEDS)) in text
+    assert len(set(protocol.HELDOUT_SEEDS)) >= 12 and all(1000 <= x <= 9999 for x in protocol.HELDOUT_SEEDS)
+    assert not set(protocol.HELDOUT_SEEDS) & set(protocol.DEV_SEEDS)
+    for name in (*protocol.DEV_CONFIGS, *protocol.DARL_CANDIDATES, *protocol.SIMPLE_CANDIDATES):
+        assert name in METHODS, name
+        assert f"`{name.removesuffix('_e2')}" in text, name  # every configuration is described there
