@@ -126,9 +126,23 @@ def test_code_print_flood_is_bounded(he):
     assert time.time() - t < 8
 
 
+def test_stdin_outputs_compare_exactly_where_the_expected_token_is_an_integer():
+    from recipe.darl.rewards.code_reward import outputs_match
+
+    for got, expected in (("1000000008", "1000000007"), ("123456700", "123456789"), ("999999000000000000", "10" + "0" * 17),
+                          ("1.0000001", "1"), ("nan", "0.5"), ("inf", "1e400"), ("3", "three")):
+        assert not outputs_match(got, expected), (got, expected)
+    for got, expected in (("3.0", "3"), ("1e3", "1000"), ("2.7500001", "2.75"), ("0.3333333", "0.333333333"),
+                          ("1 2\n  3  ", "1 2\n3"), ("YES", "YES")):
+        assert outputs_match(got, expected), (got, expected)
+    mod = json.dumps({"kind": "stdin", "tests": [{"input": "\n", "output": "1000000007\n"}]})
+    assert compute_score(LCB, block("print(1000000008)"), mod) == 0.0
+    assert compute_score(LCB, block("print(10**9 + 7)"), mod) == 1.0
+
+
 def test_stdin_and_functional_kinds():
     stdin = json.dumps({"kind": "stdin", "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "2.5 0.25\n", "output": "2.75"}]})
-    assert compute_score(LCB, block("a, b = map(float, input().split())\nprint(a + b)"), stdin) == 1.0  # 3.0 == 3 within 1e-6
+    assert compute_score(LCB, block("a, b = map(float, input().split())\nprint(a + b)"), stdin) == 1.0  # 3.0 equals 3 as a decimal
     assert compute_score(LCB, block("import sys\na, b = map(float, sys.stdin.buffer.read().split())\nsys.stdout.write(f'{a+b}\\n')"), stdin) == 1.0
     assert compute_score(LCB, block("a, b = map(float, input().split())\nprint(a - b)"), stdin) == 0.0
     assert compute_score(LCB, block("print(input())\nimport sys\nsys.exit(1)"), stdin) == 0.0

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import math
 import os
 import re
 import selectors
@@ -28,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from recipe.darl.rewards._runner import decode, encode
@@ -147,24 +147,37 @@ def _announce(level: str) -> None:
             print(f"[D-ARL] code reward sandbox: {level}", flush=True)
 
 
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _tokens_match(got: str, expected: str) -> bool:
+    """Equal as written or as decimals (LiveCodeBench's rule: `1.0` matches `1`); where the expected token is not an
+    integer, within 1e-6 relative or absolute. An expected integer compares exactly: 1000000008 is not 1000000007."""
+    if got == expected:
+        return True
+    try:
+        a, b = Decimal(got), Decimal(expected)
+    except InvalidOperation:
+        return False
+    if not (a.is_finite() and b.is_finite()):
+        return False
+    if a == b:
+        return True
+    if _INTEGER.fullmatch(expected):
+        return False
+    return abs(a - b) <= max(Decimal("1e-6"), Decimal("1e-6") * abs(b))
+
+
 def outputs_match(got: str, expected: str) -> bool:
-    """Line by line after stripping; tokens that are numbers may differ by 1e-6 (relative or absolute)."""
+    """Line by line after stripping, token by token (`_tokens_match`)."""
     got_lines = [line.strip() for line in got.strip().splitlines()]
     exp_lines = [line.strip() for line in expected.strip().splitlines()]
     if len(got_lines) != len(exp_lines):
         return False
     for g, e in zip(got_lines, exp_lines):
         gt, et = g.split(), e.split()
-        if len(gt) != len(et):
+        if len(gt) != len(et) or not all(_tokens_match(a, b) for a, b in zip(gt, et)):
             return False
-        for a, b in zip(gt, et):
-            if a == b:
-                continue
-            try:
-                if not math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-6):
-                    return False
-            except ValueError:
-                return False
     return True
 
 
