@@ -30,7 +30,9 @@
 #   SAVE_FREQ / TEST_FREQ  steps between checkpoints / validations [20 / 10]
 #   ENABLE_THINKING   Qwen3 chat template's enable_thinking (data.apply_chat_template_kwargs) [false]
 #   PROJECT_NAME      trainer.project_name [darl]
-#   EXPERIMENT_NAME   trainer.experiment_name [the script's file name without .sh]
+#   EXPERIMENT_NAME   trainer.experiment_name [the script's file name without .sh, then _seed<SEED> when SEED is set]
+#   SEED              the run's seed: data order (data.seed=SEED), rollout sampler and mini-batch shuffle
+#                     (rollout.seed and actor.data_loader_seed = 42 + SEED) [unset: verl's defaults, 1 and 42]
 #   LOGGER            trainer.logger, a Hydra list ['["console","tensorboard"]', plus "wandb" when WANDB_API_KEY
 #                     is set or ~/.netrc has a key for api.wandb.ai (`wandb login`)]; e.g. '["console","wandb"]'.
 #                     A logger with wandb and no wandb credentials is refused before Ray starts.
@@ -91,7 +93,7 @@ darl_setup() {
     TEST_FREQ="${TEST_FREQ:-10}"
     ENABLE_THINKING="${ENABLE_THINKING:-false}"
     PROJECT_NAME="${PROJECT_NAME:-darl}"
-    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)}"
+    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)${SEED:+_seed$SEED}}"
     if [[ -z "${LOGGER:-}" ]]; then
         if darl_wandb_configured; then LOGGER='["console","tensorboard","wandb"]'; else LOGGER='["console","tensorboard"]'; fi
     fi
@@ -179,6 +181,12 @@ darl_setup() {
         trainer.max_actor_ckpt_to_keep=3
         trainer.log_val_generations=5
     )
+    if [[ -n "${SEED:-}" ]]; then
+        [[ "$SEED" =~ ^[0-9]+$ ]] || { echo "common.sh: SEED must be a non-negative integer (got '$SEED')" >&2; return 1; }
+        DARL_SEED_ARGS=("data.seed=$SEED" "actor_rollout_ref.rollout.seed=$((42 + SEED))"
+                        "actor_rollout_ref.actor.data_loader_seed=$((42 + SEED))")
+        DARL_COMMON_ARGS+=("${DARL_SEED_ARGS[@]}")
+    fi
 }
 
 darl_run() {

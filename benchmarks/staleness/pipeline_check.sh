@@ -24,6 +24,7 @@ mkdir -p "$OUT"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$ROOT/benchmarks/rollout_env.sh"  # the rollout the archived runs used (hf), unless ROLLOUT is set
 SEEDS="${SEEDS:-0}"
+unset SEED  # each run sets its seeds below, as the archived runs did
 TRAINERS="${TRAINERS:-one_step_off}"
 CONFIGS="${CONFIGS:-async decoupled pmis_sg}"
 STEPS="${STEPS:-30}"

@@ -12,7 +12,9 @@
 #   TASK            arithmetic: the example's sums; scarce: a fixed pool of 256 hard sums revisited for epochs;
 #                   longtail: the sums answered by the untrained tiny model, long-tailed lengths (DARTS' testbed) [arithmetic]
 #   OUT_DIR         run outputs: metrics.jsonl, tensorboard/, checkpoints/ [outputs/<experiment>]
-#   EXPERIMENT_NAME [the script's file name without .sh]
+#   EXPERIMENT_NAME [the script's file name without .sh, then _seed<SEED> when SEED is set]
+#   SEED              the run's seed: data order (data.seed=SEED), rollout sampler and mini-batch shuffle
+#                     (rollout.seed and actor.data_loader_seed = 42 + SEED) [unset: verl's defaults, 1 and 42]
 #   STEPS           training steps (trainer.total_training_steps) [40]
 #   TEST_FREQ / SAVE_FREQ  steps between validations / checkpoints [20 / 20]
 #   TRAIN_BATCH_SIZE prompts per step [16];  MINI_BATCH_SIZE prompts per optimizer step [8]
@@ -37,7 +39,7 @@ darl_cpu_setup() {
     # Ray would prestart idle workers for the logical CPUs the scripts declare (16-33) on a machine with a few real
     # cores, where they compete with verl's actors as those start (docs/cpu.md: launch time with and without)
     export RAY_enable_worker_prestart="${RAY_enable_worker_prestart:-0}" RAY_prestart_worker_first_driver="${RAY_prestart_worker_first_driver:-0}"
-    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)}"
+    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)${SEED:+_seed$SEED}}"
     OUT_DIR="${OUT_DIR:-$DARL_REPO_ROOT/outputs/$EXPERIMENT_NAME}"
     mkdir -p "$OUT_DIR"
     export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$OUT_DIR/metrics.jsonl}" TENSORBOARD_DIR="${TENSORBOARD_DIR:-$OUT_DIR/tensorboard}"
@@ -153,6 +155,12 @@ darl_cpu_setup() {
         "trainer.resume_mode=$RESUME_MODE"
         trainer.max_actor_ckpt_to_keep=1
     )
+    if [[ -n "${SEED:-}" ]]; then
+        [[ "$SEED" =~ ^[0-9]+$ ]] || { echo "common.sh: SEED must be a non-negative integer (got '$SEED')" >&2; return 1; }
+        DARL_SEED_ARGS=("data.seed=$SEED" "actor_rollout_ref.rollout.seed=$((42 + SEED))"
+                        "actor_rollout_ref.actor.data_loader_seed=$((42 + SEED))")
+        DARL_CPU_ARGS+=("${DARL_SEED_ARGS[@]}")
+    fi
 }
 
 darl_cpu_run() {

@@ -47,7 +47,7 @@ def base_env(tmp: Path) -> dict[str, str]:
         (tmp / "data" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp / "data" / rel).touch()
     env = dict(os.environ)
-    for key in ("TRAINER_GPUS", "ROLLOUT_GPUS", "NNODES", "ROLLOUT_NNODES", "EXPERIMENT_NAME", "LOGGER", "CKPT_DIR",
+    for key in ("TRAINER_GPUS", "ROLLOUT_GPUS", "NNODES", "ROLLOUT_NNODES", "EXPERIMENT_NAME", "SEED", "LOGGER", "CKPT_DIR",
                 "TRAIN_FILES", "VAL_FILES", "DARL_PRINT_CMD", "SLURM_JOB_ID", "SBATCH_ARGS", "GPU_CHECK",
                 "GPU_MEMORY_UTILIZATION", "WEIGHT_SYNC_BUCKET_MB", "MAX_TOKENS_PER_GPU", *WANDB_VARS):
         env.pop(key, None)

@@ -58,6 +58,21 @@ def test_env_and_passthrough_overrides(tmp_path):
     assert cfg["replay"]["k"] == 2 and cfg["replay"]["max_reuse"] == 3 and cfg["replay"]["enable"] is True
 
 
+def test_seed_sets_data_order_sampler_and_shuffle_and_names_the_run(tmp_path):
+    env = base_env(tmp_path)
+    (default,) = compose([(PMIS_17B, [], env)])
+    env["SEED"] = "7"
+    (cfg,) = compose([(PMIS_17B, [], env)])
+    assert cfg["data"]["seed"] == 7 and cfg["actor_rollout_ref"]["rollout"]["seed"] == 49
+    assert cfg["actor_rollout_ref"]["actor"]["data_loader_seed"] == 49
+    assert cfg["trainer"]["experiment_name"] == PMIS_17B.stem + "_seed7"
+    assert cfg["trainer"]["default_local_dir"].endswith(PMIS_17B.stem + "_seed7")  # its own checkpoints
+    assert default["trainer"]["experiment_name"] == PMIS_17B.stem and default["actor_rollout_ref"]["rollout"]["seed"] == 42
+    env["SEED"] = "x1"
+    p = subprocess.run(["bash", str(PMIS_17B)], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert p.returncode != 0 and "SEED must be a non-negative integer (got 'x1')" in p.stderr
+
+
 def test_dry_run_reports_config_errors(tmp_path):
     """The dry run runs D-ARL's checks: a missing data file and a replay typo fail before Ray, naming the keys."""
     env = base_env(tmp_path)
