@@ -32,7 +32,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # name -> HarnessConfig overrides ("staleness" pins a method's staleness whatever the cell's). The names are the
 # configurations docs/evidence.md reports; archived runs of earlier designs carry the names of names.py.
 METHODS: dict[str, dict[str, Any]] = {
-    "sync": {"method": "decoupled", "staleness": 0},  # the ceiling async tries to reach
+    "sync": {"method": "decoupled", "staleness": 0},  # on-policy training (s = 0): the reference staleness is measured against
     "naive": {"method": "naive"},
     "decoupled": {"method": "decoupled"},
     "equal_update": {"method": "decoupled", "epochs": 2},
