@@ -25,10 +25,10 @@ HELDOUT_SEEDS = (1344, 1808, 2321, 4368, 5458, 6024, 6336, 6750, 7613, 8324, 958
 STALENESS = (4, 8)
 DARL_CONFIGS = ("darl", "darl_no_prompt", "darl_k1", "darl_own", "darl_tokens", "darl_newest")
 DARL_CANDIDATES = DARL_CONFIGS + tuple(f"{c}_e2" for c in DARL_CONFIGS)
-SIMPLE_CANDIDATES = ("equal_update", "icepop", "uniform_replay", "uniform_replay_e2", "prompt_only", "prompt_only_e2")
+SIMPLE_CANDIDATES = ("equal_update", "icepop", "uniform_replay", "uniform_replay_e2", "decoupled_prompt", "decoupled_prompt_e2")
 # everything the development stage runs (docs/evidence/protocol.md, section 2), the cheapest first
-DEV_CONFIGS = ("sync", "naive", "decoupled", "equal_update", "icepop", "gates_only", "uniform_replay", "prompt_only",
-               *DARL_CONFIGS, "uniform_replay_e2", "prompt_only_e2", *(f"{c}_e2" for c in DARL_CONFIGS))
+DEV_CONFIGS = ("sync", "naive", "decoupled", "equal_update", "icepop", "gates_only", "uniform_replay", "decoupled_prompt",
+               *DARL_CONFIGS, "uniform_replay_e2", "decoupled_prompt_e2", *(f"{c}_e2" for c in DARL_CONFIGS))
 ALPHA = 0.05
 
 

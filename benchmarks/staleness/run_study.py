@@ -46,7 +46,7 @@ METHODS: dict[str, dict[str, Any]] = {
     # simple reuse a reviewer asks for: uniform FIFO replay over K versions (replay.pmis=false: newest first, no
     # selection rules, no gates, each sample's own truncated weight), and per-prompt replay alone on decoupled PPO
     "uniform_replay": {"method": "darl", "pmis": False},
-    "prompt_only": {"method": "darl", "k": 1, "pmis": False, "prompt_replay": 16},
+    "decoupled_prompt": {"method": "darl", "k": 1, "pmis": False, "prompt_replay": 16},
     # D-ARL's own parts, one off at a time from the preset
     "darl_k1": {"method": "darl", "k": 1, "prompt_replay": 16},  # no group replay (K = 1)
     "darl_own": {"method": "darl", "behavior_weight": "own", "prompt_replay": 16},  # PMIS off: own behavior weights
@@ -55,7 +55,7 @@ METHODS: dict[str, dict[str, Any]] = {
 }
 # each of the reuse methods with two passes over its step's batch (verl's ppo_epochs=2), as equal_update is to decoupled
 METHODS.update({f"{name}_e2": {**METHODS[name], "epochs": 2} for name in
-                ("darl", "darl_no_prompt", "uniform_replay", "prompt_only", "darl_k1", "darl_own", "darl_tokens",
+                ("darl", "darl_no_prompt", "uniform_replay", "decoupled_prompt", "darl_k1", "darl_own", "darl_tokens",
                  "darl_newest")})
 
 
