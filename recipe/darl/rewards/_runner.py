@@ -52,16 +52,45 @@ def encode(value, depth: int = 0):
     raise TypeError(f"not a plain value: {kind.__name__}")
 
 
-def decode(data):
+MAX_ELEMENTS = 1_000_000  # values in one answer
+MAX_DEPTH = 100
+
+
+class _Budget:
+    """Caps on what one decode builds, and the deadline, checked every 256 values: a dict or set whose keys all hash
+    alike costs quadratic time to build, so time is checked while building, not only after."""
+
+    def __init__(self, deadline, clock):
+        self.left, self.deadline, self.clock = MAX_ELEMENTS, deadline, clock
+
+    def take(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise ValueError("answer has too many values")
+        if self.deadline is not None and self.left % 256 == 0 and self.clock() > self.deadline:
+            raise TimeoutError("time limit while decoding the answer")
+
+
+def decode(data, deadline=None, clock=None, _budget=None, _depth=0):
+    """The value `encode` wrote. `deadline` (a `clock()` time, default time.monotonic) bounds the time it takes;
+    more than MAX_ELEMENTS values or MAX_DEPTH levels raise ValueError."""
+    if _budget is None:
+        import time
+        _budget = _Budget(deadline, clock or time.monotonic)
+    if _depth > MAX_DEPTH:
+        raise ValueError("answer nested too deep")
+    _budget.take()
     if isinstance(data, list):
-        return [decode(v) for v in data]
+        return [decode(v, _budget=_budget, _depth=_depth + 1) for v in data]
     if isinstance(data, dict):
         tag, items = data["__t"], data["v"]
         if tag == "float":
             return float(items)
         if tag == "dict":
-            return {decode(k): decode(v) for k, v in items}
-        return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](decode(v) for v in items)
+            return {decode(k, _budget=_budget, _depth=_depth + 1): decode(v, _budget=_budget, _depth=_depth + 1)
+                    for k, v in items}
+        return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](
+            decode(v, _budget=_budget, _depth=_depth + 1) for v in items)
     return data
 
 
@@ -99,8 +128,10 @@ def _bind_read_only(source: str, target: str, nodev: int = MS_NODEV) -> None:
     _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | nodev | kept)
 
 
-def enter_namespaces(root: str, keep: list, uid: int) -> None:
-    """New namespaces; the new root `root` (an empty folder) holds `keep` read-only and a private /tmp."""
+def enter_namespaces(root: str, keep: list, uid: int, hide: list = ()) -> None:
+    """New namespaces; the new root `root` (an empty folder) holds `keep` read-only (with an empty folder over each
+    path of `hide`) and a private /tmp. The program then runs without any capability over these mounts: as root, as
+    an unprivileged uid of its own; otherwise in a nested user namespace as a non-zero uid."""
     outer_uid, outer_gid, as_root = os.getuid(), os.getgid(), os.getuid() == 0
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (0 if as_root else CLONE_NEWUSER)
     _call("unshare", _libc.unshare(flags))
@@ -114,6 +145,9 @@ def enter_namespaces(root: str, keep: list, uid: int) -> None:
         _, status = os.waitpid(pid, 0)
         os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     _libc.prctl(1, 9)  # PR_SET_PDEATHSIG = SIGKILL: ends with the process the parent kills
+    # the nested user namespace's maps are written after the pivot, where there is no /proc: the host's /proc is held
+    # open until then (a lazily detached mount stays usable through an open descriptor), and closed right after
+    proc = None if as_root else os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     # the private /tmp before the kept paths: an interpreter under /tmp (a virtualenv on a node's local disk) is then
@@ -123,6 +157,9 @@ def enter_namespaces(root: str, keep: list, uid: int) -> None:
     for path in keep:
         if os.path.lexists(path):
             _bind_read_only(path, root + path)
+    for path in hide:  # installed packages (benchmark data among them) out of sight
+        if os.path.isdir(root + path):
+            _mount("tmpfs", root + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
     for device in ("null", "zero", "urandom", "random"):
         _bind_read_only(f"/dev/{device}", f"{root}/dev/{device}", nodev=0)
     os.chdir(root)
@@ -132,6 +169,22 @@ def enter_namespaces(root: str, keep: list, uid: int) -> None:
     os.chdir("/tmp")
     if as_root:
         drop_root(uid)
+    else:
+        # the mounts above belong to the user namespace this process created, where it holds every capability: a
+        # nested one, entered as uid 1000, holds none over them (a remount or unmount fails)
+        try:
+            _call("unshare", _libc.unshare(CLONE_NEWUSER))
+            for name, text in (("setgroups", b"deny"), ("uid_map", b"1000 0 1"), ("gid_map", b"1000 0 1")):
+                fd = os.open(f"self/{name}", os.O_WRONLY | os.O_CLOEXEC, dir_fd=proc)
+                try:
+                    os.write(fd, text)
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(proc)
+        os.setresgid(1000, 1000, 1000)
+        os.setresuid(1000, 1000, 1000)
+    _libc.prctl(1, 9)  # PR_SET_PDEATHSIG again: changing uid cleared it
 
 
 def drop_root(uid: int) -> None:
@@ -144,6 +197,7 @@ def drop_root(uid: int) -> None:
 def guard(workdir: str) -> None:
     """The in-process guard of the "limits" level: no new processes, sockets, deletions or writes elsewhere."""
     import builtins
+    import posix
     import shutil
     import socket
     import subprocess
@@ -155,6 +209,9 @@ def guard(workdir: str) -> None:
                                 "removedirs", "rename", "renames", "replace", "truncate", "chmod", "chown", "putenv",
                                 "execv", "execve", "execvp", "execl", "spawnv", "spawnl", "posix_spawn",
                                 "posix_spawnp", "setuid")),
+                          (posix, ("fork", "forkpty", "system", "kill", "killpg", "remove", "unlink", "rmdir",
+                                   "rename", "replace", "truncate", "chmod", "chown", "putenv", "execv", "execve",
+                                   "posix_spawn", "posix_spawnp", "setuid", "setsid")),
                           (shutil, ("rmtree", "move", "chown")), (subprocess, ("Popen", "run", "call", "check_output")),
                           (socket, ("socket", "create_connection", "socketpair"))):
         for name in names:
@@ -185,15 +242,21 @@ def isolate(sandbox: dict) -> str:
     level = sandbox.get("level", "limits")
     if level == "namespaces":
         try:
-            enter_namespaces(sandbox["root"], sandbox["keep"], sandbox["uid"])
+            enter_namespaces(sandbox["root"], sandbox["keep"], sandbox["uid"], sandbox.get("hide", ()))
             return level
         except OSError as e:
             if sandbox.get("required"):
                 raise
             level = f"limits ({e})"  # the fallback, announced by the parent with the reason
     os.chdir(sandbox["root"])
-    if os.getuid() == 0 and all(_world_traversable(p) for p in (sys.prefix, sys.base_prefix)):
+    if os.getuid() == 0:
+        closed = [p for p in (sys.prefix, sys.base_prefix) if not _world_traversable(p)]
+        if closed:
+            raise OSError(f"the limits level does not run programs as root, and an unprivileged uid cannot read "
+                          f"the interpreter under {closed[0]} (a folder on its path is closed to other users): make "
+                          f"its folders readable by others (chmod o+rx) or allow namespaces")
         drop_root(sandbox["uid"])  # (the parent made the working folder this uid's)
+        _libc.prctl(1, 9)  # PR_SET_PDEATHSIG: ends with the process the parent kills
     return level
 
 

