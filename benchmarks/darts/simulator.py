@@ -176,14 +176,32 @@ def gpu_engine(cost: dict, model: str, gpu_gib: float, utilization: float = 0.85
                   cost["models"][model]["prefill_ms_per_token"], max_num_seqs=1024, kv_tokens=free / kv_bytes)
 
 
-def draw(workload: dict, prompts: int, rng: np.random.Generator) -> np.ndarray:
-    """[prompts, 2n] response lengths of one step."""
-    scale = workload["median"] * np.exp(rng.normal(0, workload["sigma_prompt"], prompts))
-    lengths = scale[:, None] * np.exp(rng.normal(0, workload["sigma"], (prompts, 2 * N)))
+def prompt_params(workload: dict, prompts: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """What stays with a prompt from one step to the next: its length scale and its share of long responses."""
+    params = {"scale": workload["median"] * np.exp(rng.normal(0, workload["sigma_prompt"], prompts))}
     if "long_share" in workload:
-        share = rng.uniform(0, workload["long_share"], prompts)
-        lengths = np.where(rng.random(lengths.shape) < share[:, None], workload["long_factor"] * lengths, lengths)
+        params["share"] = rng.uniform(0, workload["long_share"], prompts)
+    return params
+
+
+def draw(workload: dict, params: dict[str, np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """[prompts, 2n] response lengths of one step for the prompts of `params` (fresh responses, same prompts)."""
+    scale = params["scale"]
+    lengths = scale[:, None] * np.exp(rng.normal(0, workload["sigma"], (len(scale), 2 * N)))
+    if "share" in params:
+        lengths = np.where(rng.random(lengths.shape) < params["share"][:, None], workload["long_factor"] * lengths, lengths)
     return np.clip(np.rint(lengths), 1, workload["cap"]).astype(int)
+
+
+def steps_with_spread(workload: dict, prompts: int, steps: int, rng: np.random.Generator):
+    """(lengths [prompts, 2n], spread [prompts]) per step, the same prompts every step; the spread is the EMA's view,
+    the std of n kept lengths of the same prompts' previous draw, never of the draw it is paired with."""
+    params = prompt_params(workload, prompts, rng)
+    earlier = draw(workload, params, rng)  # the prompts' previous visit
+    for _ in range(steps):
+        lengths = draw(workload, params, rng)
+        yield lengths, earlier[:, :N].std(1, ddof=1)
+        earlier = lengths
 
 
 def predict(cost: dict, prompts: int = 128, steps: int = 5, gpu_gib: float = 80.0) -> str:
@@ -195,9 +213,7 @@ def predict(cost: dict, prompts: int = 128, steps: int = 5, gpu_gib: float = 80.
         for wname, workload in WORKLOADS.items():
             rng = np.random.default_rng(0)
             times: dict[str, list[float]] = {s: [] for s in SETTINGS}
-            for _ in range(steps):
-                lengths = draw(workload, prompts, rng)
-                spread = lengths[:, :N].std(1, ddof=1)  # the EMA's view: a previous step's kept lengths
+            for lengths, spread in steps_with_spread(workload, prompts, steps, rng):
                 for sname, (adaptive, r, keep_last) in SETTINGS.items():
                     rs = allocate(spread.tolist(), N, 1.5, 10, 16) if adaptive else [r] * prompts
                     ls = [(16 - x) // 2 if keep_last is None else keep_last for x in rs]

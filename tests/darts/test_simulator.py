@@ -57,3 +57,17 @@ def test_forced_lengths_are_paired_and_shaped():
     assert capped.max() <= cap and 0.05 < (capped >= cap).mean() < 0.4
     heavy = draw_lengths("heavy", 64, 1, seed=0)
     assert heavy.max() > 6 * np.median(heavy)  # a few responses several times longer than the rest
+
+
+def test_the_adaptive_setting_sees_only_earlier_draws_of_the_same_prompts():
+    from benchmarks.darts.simulator import N, WORKLOADS, steps_with_spread
+
+    workload = WORKLOADS["heavy tail"]
+    pairs = list(steps_with_spread(workload, 16, 4, np.random.default_rng(3)))
+    for (before, _), (_, spread) in zip(pairs, pairs[1:]):
+        assert np.allclose(spread, before[:, :N].std(1, ddof=1))  # step t's spread is step t - 1's kept lengths
+    for lengths, spread in pairs:
+        assert not np.allclose(spread, lengths[:, :N].std(1, ddof=1))  # never the draw it is scored on
+    # the same prompts every step: a prompt's typical length persists (median ratio between steps near 1)
+    medians = np.array([np.median(lengths, 1) for lengths, _ in pairs])
+    assert np.corrcoef(medians[0], medians[-1])[0, 1] > 0.5

@@ -136,6 +136,19 @@ def test_rollout_shaping_problems_name_their_keys(compose_config):
         compose_config("rollout_shaping.typo=1")  # Hydra: not in the struct
 
 
+@pytest.mark.parametrize("name", ["sglang", "trtllm"])
+def test_darts_is_refused_on_rollouts_without_a_per_request_abort(compose_config, name):
+    found = problems(compose_config("rollout_shaping.enable=true", f"actor_rollout_ref.rollout.name={name}"))
+    assert any(f"rollout.name={name}" in p and "per-request abort" in p for p in found), found
+    assert not any("per-request abort" in p for p in problems(compose_config(f"actor_rollout_ref.rollout.name={name}")))
+
+
+def test_darts_is_refused_with_full_determinism(compose_config):
+    found = problems(compose_config("rollout_shaping.enable=true", "actor_rollout_ref.rollout.full_determinism=true"))
+    assert any("full_determinism=true" in p and "other groups' requests" in p for p in found), found
+    assert not any("full_determinism" in p for p in problems(compose_config("actor_rollout_ref.rollout.full_determinism=true")))
+
+
 def test_rollout_shaping_in_the_fully_async_config(compose_config):
     cfg = compose_config("rollout_shaping.enable=true", "rollout_shaping.keep_last=1", "actor_rollout_ref.rollout.n=4",
                          config_name="darl_fully_async_trainer")

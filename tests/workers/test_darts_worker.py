@@ -248,3 +248,43 @@ def test_observe_counts_tokens_and_times_generation():
     assert m["rollout_shaping/tokens_aborted"] == 10 and m["rollout_shaping/tokens_decoded"] == 30
     assert m["rollout_shaping/generated"] == 6 and m["rollout_shaping/aborted"] == 2
     assert manager.pop_metrics() == {}  # reset
+
+
+def test_metrics_and_state_read_from_another_thread_lose_nothing():
+    """The fully-async rollouter observes on its event loop while Ray's task thread pops the metrics: every kept
+    response and every generated request is counted exactly once over all pops, and a pop never fails."""
+    import sys
+    import threading
+
+    manager = _manager(responses=6, keep_last=0)
+    keys = [f"k{g}" for g in range(2)]
+    rounds, rows = 3000, 8
+    per_row = {k: np.full(rows, 1.0) for k in COUNTS + TIMES}
+
+    def observe():
+        for _ in range(rounds):
+            output = DataProto.from_dict(tensors={"response_mask": torch.ones(rows, 3, dtype=torch.long)},
+                                         non_tensors={k: v.copy() for k, v in per_row.items()})
+            manager._observe(output, keys)
+
+    kept, generated, tokens = [], [], []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        worker = threading.Thread(target=observe)
+        worker.start()
+        while worker.is_alive():
+            m = manager.pop_metrics()
+            assert manager.darts_state()["planned_prompts"] == 0  # read under the same lock
+            if m:
+                kept.append(m["rollout_shaping/kept"])
+                generated.append(m["rollout_shaping/generated"])
+                tokens.append(m["rollout_shaping/tokens_kept"])
+        worker.join()
+    finally:
+        sys.setswitchinterval(switch)
+    m = manager.pop_metrics()
+    kept.append(m.get("rollout_shaping/kept", 0.0))
+    generated.append(m.get("rollout_shaping/generated", 0.0))
+    tokens.append(m.get("rollout_shaping/tokens_kept", 0.0))
+    assert sum(kept) == rounds * rows and sum(generated) == rounds * rows and sum(tokens) == rounds * rows * 3

@@ -130,6 +130,7 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
 
 
 SHAPING_MANAGER = "recipe.darl.workers.darts_rollout.DartsAgentLoopManager"
+NO_REQUEST_ABORT = ("sglang", "trtllm")  # verl 0.9.1's servers without a per-request abort_request
 
 
 def _darts_problems(cfg: DictConfig) -> list[str]:
@@ -140,7 +141,15 @@ def _darts_problems(cfg: DictConfig) -> list[str]:
     problems = DartsConfig.problems_of(values, n)
     if problems or not values.get("enable", False):
         return problems
-    agent = cfg.actor_rollout_ref.rollout.agent
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.get("name") in NO_REQUEST_ABORT:
+        problems.append(f"rollout_shaping.enable=true with actor_rollout_ref.rollout.name={rollout.name}: DARTS cuts a "
+                        f"group's tail by aborting single requests, and verl 0.9.1's {rollout.name} server has no "
+                        "per-request abort (only abort_all_requests); use rollout.name=vllm")
+    if rollout.get("full_determinism", False):
+        problems.append("rollout_shaping.enable=true with actor_rollout_ref.rollout.full_determinism=true: verl then "
+                        "names every request of a priority alike, so one tail cut would abort other groups' requests")
+    agent = rollout.agent
     current = agent.get("agent_loop_manager_class")
     if "async_training" in cfg:
         if current:

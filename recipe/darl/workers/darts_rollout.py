@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import hashlib
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,6 +236,9 @@ class DartsManagerMixin:
         self.kept_lengths: list[float] = []
         self.span: list[float] = []  # submission and last kept finish times since the last pop_metrics
         self.planned_prompts = 0
+        # the fully-async rollouter reads metrics and state from Ray's task thread (`__ray_call__`) while `_observe`
+        # runs on its event loop: every read and write of the counters, lengths, span and EMA holds this lock
+        self._state_lock = threading.Lock()
         # the warm-up's steps in prompts: train_batch_size (one-step-off), require_batches mini-batches (fully-async)
         self.warmup_prompts = self.darts.warmup_steps * step_budget(self.config) if self.darts.adaptive else 0
 
@@ -245,19 +250,9 @@ class DartsManagerMixin:
             raise ValueError(f"rollout_shaping: {len(prompts)} rows are not groups of rollout.n={n}")
         groups = len(prompts) // n
         keys = [prompt_key(prompts.non_tensor_batch, g * n) for g in range(groups)]
-        warm = self.planned_prompts < self.warmup_prompts
-        if warm:  # the released warm-up: r = mean_ratio * n, every tail cut
-            responses, tails = [self.darts.mean_responses(n)] * groups, [0] * groups
-        else:
-            if self.darts.adaptive:
-                low, high = self.darts.bounds(n)
-                others = [k for k in self.spread_ema.recent(POPULATION) if k not in keys] if population else []
-                spreads = [self.spread_ema.get(k) for k in others + keys]
-                responses = allocate(spreads, n, self.darts.mean_ratio, low, high)[len(others):]
-            else:
-                responses = [self.darts.fixed_responses(n)] * groups
-            tails = [self.darts.keep_last_for(r, n) for r in responses]
-        self.planned_prompts += groups
+        with self._state_lock:  # the EMA and the plan count, also read from Ray's task thread
+            responses, tails, warm = self._responses(keys, population)
+            self.planned_prompts += groups
         size = len(prompts) // chunks if len(prompts) % chunks == 0 else len(prompts)
         extra, tail = np.zeros(len(prompts), dtype=np.int64), np.zeros(len(prompts), dtype=np.int64)
         for g, (r, keep_last) in enumerate(zip(responses, tails)):
@@ -270,29 +265,48 @@ class DartsManagerMixin:
         prompts.non_tensor_batch[EXTRA], prompts.non_tensor_batch[KEEP_LAST] = extra, tail
         return keys, warm
 
+    def _responses(self, keys: list[str], population: bool) -> tuple[list[int], list[int], bool]:
+        """r and L of each group, and whether this is the warm-up's plan (the released warm-up: r = mean_ratio * n,
+        every tail cut)."""
+        n, groups = self.n, len(keys)
+        if self.planned_prompts < self.warmup_prompts:
+            return [self.darts.mean_responses(n)] * groups, [0] * groups, True
+        if self.darts.adaptive:
+            low, high = self.darts.bounds(n)
+            others = [k for k in self.spread_ema.recent(POPULATION) if k not in keys] if population else []
+            spreads = [self.spread_ema.get(k) for k in others + keys]
+            responses = allocate(spreads, n, self.darts.mean_ratio, low, high)[len(others):]
+        else:
+            responses = [self.darts.fixed_responses(n)] * groups
+        return responses, [self.darts.keep_last_for(r, n) for r in responses], False
+
     def _observe(self, output, keys: list[str], warm: bool = False) -> None:
         """Folds the kept lengths into the EMA, counts, times, and drops the planning and count columns."""
         lengths = output.batch["response_mask"].sum(-1).tolist()
-        self.kept_lengths += lengths
-        for g, key in enumerate(keys):
-            self.spread_ema.update(key, lengths[g * self.n:(g + 1) * self.n])
-        self.counts["prompts"] += len(keys)
-        self.counts["warmup_prompts"] += len(keys) if warm else 0
-        self.counts["kept"] += len(output)
-        for name in COUNTS:
-            self.counts[name] += float(np.sum(output.non_tensor_batch.pop(name).astype(np.float64)))
+        counted = {name: float(np.sum(output.non_tensor_batch.pop(name).astype(np.float64))) for name in COUNTS}
         submitted, last = (output.non_tensor_batch.pop(name).astype(np.float64) for name in TIMES)
-        self.span = [min(self.span[:1] + [submitted.min()]), max(self.span[1:] + [last.max()])]
         for name in (GROUP, EXTRA, KEEP_LAST):
             output.non_tensor_batch.pop(name, None)
+        with self._state_lock:
+            self.kept_lengths += lengths
+            for g, key in enumerate(keys):
+                self.spread_ema.update(key, lengths[g * self.n:(g + 1) * self.n])
+            self.counts["prompts"] += len(keys)
+            self.counts["warmup_prompts"] += len(keys) if warm else 0
+            self.counts["kept"] += len(output)
+            for name, value in counted.items():
+                self.counts[name] += value
+            self.span = [min(self.span[:1] + [submitted.min()]), max(self.span[1:] + [last.max()])]
 
     def pop_metrics(self) -> dict[str, float]:
         """`rollout_shaping/` metrics since the last call; generation_s runs from the first submission to the last
         kept response's finish."""
-        c, self.counts = self.counts, dict.fromkeys(self.counts, 0.0)
-        lengths, self.kept_lengths = self.kept_lengths, []
-        span, self.span = self.span, []
-        if not c["prompts"]:
+        with self._state_lock:
+            c, self.counts = self.counts, dict.fromkeys(self.counts, 0.0)
+            lengths, self.kept_lengths = self.kept_lengths, []
+            span, self.span = self.span, []
+            ema_prompts = float(len(self.spread_ema.values))
+        if not c["prompts"] or not lengths:
             return {}
         p50, p95 = np.percentile(lengths, [50, 95]).tolist()
         tokens = {"kept": float(sum(lengths)), "dropped": c["darts_dropped_tokens"], "aborted": c["darts_aborted_tokens"]}
@@ -304,14 +318,16 @@ class DartsManagerMixin:
                 "rollout_shaping/dropped": c["darts_dropped"], "rollout_shaping/kept": c["kept"],
                 "rollout_shaping/responses_per_prompt": c["darts_generated"] / c["prompts"],
                 "rollout_shaping/warmup": c["warmup_prompts"] / c["prompts"],
-                "rollout_shaping/ema_prompts": float(len(self.spread_ema.values))}
+                "rollout_shaping/ema_prompts": ema_prompts}
 
     def darts_state(self) -> dict[str, Any]:
-        return {"ema": self.spread_ema.state_dict(), "planned_prompts": self.planned_prompts}
+        with self._state_lock:
+            return {"ema": copy.deepcopy(self.spread_ema.state_dict()), "planned_prompts": self.planned_prompts}
 
     def load_darts_state(self, state: dict[str, Any]) -> None:
-        self.spread_ema = LengthSpreadEma(self.darts.ema_alpha, state["ema"])
-        self.planned_prompts = int(state.get("planned_prompts", 0))
+        with self._state_lock:
+            self.spread_ema = LengthSpreadEma(self.darts.ema_alpha, state["ema"])
+            self.planned_prompts = int(state.get("planned_prompts", 0))
 
 
 class DartsAgentLoopManager(DartsManagerMixin, AgentLoopManager):
