@@ -78,11 +78,21 @@ def test_config_problems_name_their_keys():
 
 def test_released_defaults():
     # the released streaming trainer, n = 8: r_i in [10, 16] with mean 12, L_i = (16 - r_i) // 2, 10 warm-up steps
-    c = DartsConfig()
+    c = DartsConfig(adaptive=True)
     assert c.bounds(8) == (10, 16) and c.mean_ratio * 8 == 12 and c.warmup_steps == 10
     assert [c.keep_last_for(r, 8) for r in (10, 12, 13, 15, 16)] == [3, 2, 1, 0, 0]
-    assert c.fixed_responses(8) == 12 and DartsConfig(responses=5).fixed_responses(4) == 5
     assert DartsConfig(keep_last=0).keep_last_for(10, 8) == 0  # a set L holds for every group
-    assert c.keep_last_for(4, 2) == 0 and DartsConfig(max_responses=40).keep_last_for(8, 8) == 7  # at most n - 1
+    assert c.keep_last_for(4, 2) == 0  # at most n - 1
+    assert DartsConfig(adaptive=True, max_responses=40).keep_last_for(8, 8) == 7
+    # fixed r in ray_trainer_stream_dapo.py (the warm-up and reset paths): r = 12, every tail cut once n finish
+    fixed = DartsConfig()
+    assert fixed.fixed_responses(8) == 12 and fixed.keep_last_for(12, 8) == 0
+    assert DartsConfig(responses=5).fixed_responses(4) == 5
+    # ray_trainer_darts.py (the script the released README runs): r = 10 for every prompt, L = min((16 - r) // 2, 1)
+    stream = DartsConfig(variant="stream")
+    assert stream.fixed_responses(8) == 10 and stream.keep_last_for(10, 8) == 1 and stream.keep_last_for(15, 8) == 0
+    assert DartsConfig(variant="stream", keep_last=0).keep_last_for(10, 8) == 0
+    assert "variant=stream has no adaptive" in DartsConfig.problems_of({"variant": "stream", "adaptive": True}, 8)[0]
+    assert "rollout_shaping.variant must be one of" in DartsConfig.problems_of({"variant": "dapo"}, 8)[0]
     assert DartsConfig.problems_of({"warmup_steps": -1}, n=8) == [
         "rollout_shaping.warmup_steps must be an integer >= 0, got -1"]

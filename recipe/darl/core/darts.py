@@ -17,6 +17,9 @@ from typing import Any, Mapping, Optional, Sequence
 from .config import is_int, is_number
 
 
+VARIANTS = ("stream_dapo", "stream")  # the released trainers whose rules the null keys follow
+
+
 @dataclass
 class DartsConfig:
     """Every key of `rollout_shaping.*`; n is `actor_rollout_ref.rollout.n`. Build with `from_dict`."""
@@ -30,6 +33,10 @@ class DartsConfig:
     keep_last: Optional[int] = None  # L: kept from the end of the finishing order; 0 aborts; null: (max - r) // 2
     warmup_steps: int = 10  # adaptive: steps with r = mean_ratio * n and L = 0 before the EMA sizes prompts
     ema_alpha: float = 0.3
+    # which released trainer the null keys follow: "stream_dapo" (ray_trainer_stream_dapo.py: adaptive r_i with
+    # L_i = (max - r_i) // 2; fixed r aborts once n finish, L = 0) or "stream" (ray_trainer_darts.py, the script the
+    # released README runs: r = floor(1.25 n) for every prompt, L = min((max - r) // 2, 1), no warm-up)
+    variant: str = "stream_dapo"
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], n: int) -> "DartsConfig":
@@ -73,6 +80,11 @@ class DartsConfig:
         elif c.adaptive and not low <= c.mean_ratio * n <= high:
             out.append(f"rollout_shaping.mean_ratio={c.mean_ratio} asks for {c.mean_ratio * n:g} responses per prompt "
                        f"on average, outside [min_responses, max_responses] = [{low}, {high}]")
+        if c.variant not in VARIANTS:
+            out.append(f"rollout_shaping.variant must be one of {', '.join(VARIANTS)}, got {c.variant!r}")
+        elif c.variant == "stream" and c.adaptive:
+            out.append("rollout_shaping.variant=stream has no adaptive redundancy (ray_trainer_darts.py gives every "
+                       "prompt the same r): set rollout_shaping.adaptive=false or variant=stream_dapo")
         if c.adaptive and c.responses is not None:
             out.append("rollout_shaping.responses is set with rollout_shaping.adaptive=true: adaptive redundancy sizes "
                        "each prompt from mean_ratio; drop one of them")
@@ -86,14 +98,24 @@ class DartsConfig:
         return math.ceil(self.mean_ratio * n - 1e-9)
 
     def fixed_responses(self, n: int) -> int:
-        return self.responses if self.responses is not None else self.mean_responses(n)
+        """r of every prompt without adaptive redundancy: `responses`, else the variant's (ceil(mean_ratio * n), or
+        floor(1.25 n) for "stream")."""
+        if self.responses is not None:
+            return self.responses
+        return self.bounds(n)[0] if self.variant == "stream" else self.mean_responses(n)
 
     def keep_last_for(self, r: int, n: int) -> int:
-        """L for r responses keeping n: the configured L, else (max_responses - r) // 2 capped at n - 1 (the released
-        rule: only groups within one of the upper bound abort their tail)."""
+        """L for r responses keeping n: the configured L, else the released rule of the variant, capped at n - 1:
+        adaptive "stream_dapo" (max_responses - r) // 2 (only groups within one of the upper bound abort their tail),
+        fixed "stream_dapo" 0 (its fixed paths abort once n finish), "stream" min((max_responses - r) // 2, 1)."""
         if self.keep_last is not None:
             return self.keep_last
-        return max(0, min((self.bounds(n)[1] - r) // 2, n - 1))
+        rule = (self.bounds(n)[1] - r) // 2
+        if self.variant == "stream":
+            rule = min(rule, 1)
+        elif not self.adaptive:
+            rule = 0
+        return max(0, min(rule, n - 1))
 
 
 def split_counts(total: int, sizes: Sequence[int]) -> list[int]:
