@@ -143,6 +143,12 @@ def test_darts_is_refused_on_rollouts_without_a_per_request_abort(compose_config
     assert not any("per-request abort" in p for p in problems(compose_config(f"actor_rollout_ref.rollout.name={name}")))
 
 
+def test_the_console_mode_is_checked(compose_config):
+    assert compose_config().console == "compact"
+    assert not any("console" in p for p in problems(compose_config("console=full")))
+    assert any("console must be one of compact, full, got 'fancy'" in p for p in problems(compose_config("console=fancy")))
+
+
 def test_darts_is_refused_with_full_determinism(compose_config):
     found = problems(compose_config("rollout_shaping.enable=true", "actor_rollout_ref.rollout.full_determinism=true"))
     assert any("full_determinism=true" in p and "other groups' requests" in p for p in found), found

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..core import group_multiple
 from ..core.config import ReplayConfig, as_list, is_int, is_number
 from ..core.darts import DartsConfig
+from ..trainers.console import MODES as CONSOLE_MODES
 from ..rewards.code_reward import SANDBOXES
 
 VERL_DEFAULT_THRESHOLD = 2.0
@@ -126,6 +127,8 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     problems += _path_problems(cfg)
     problems += _fault_problems(cfg)
     problems += _darts_problems(cfg)
+    if cfg.get("console", "compact") not in CONSOLE_MODES:
+        problems.append(f"console must be one of {', '.join(CONSOLE_MODES)}, got {cfg.get('console')!r}")
     return problems
 
 

@@ -18,6 +18,7 @@ from recipe.darl.robustness.checkpoint_files import check_resume, guarded_verl_s
 from recipe.darl.robustness.job_ports import JobPortWorkerGroup, port_clash_named
 from recipe.darl.robustness.reward_guard import FAILED_KEY, sanitize_rewards
 from recipe.darl.robustness.stop_request import request_path
+from recipe.darl.trainers.console import compact_console
 from recipe.darl.workers.darts_rollout import darts_config, install_in_rollouter
 
 DARTS_FILE = "darts_state.pt"
@@ -25,6 +26,20 @@ DARTS_FILE = "darts_state.pt"
 
 class RunGuardMixin:
     """Before `ReplayStepMixin` in a verl trainer's bases; call `_init_run_guard(config)` in its __init__."""
+
+    # every verl trainer keeps its Tracking in `self.logger` (set in fit or __init__): the assignment passes through
+    # here, where the console backend becomes the compact one (trainers/console.py; `console: full` keeps verl's)
+    @property
+    def logger(self):
+        try:
+            return self.__dict__["_darl_tracking"]
+        except KeyError:
+            raise AttributeError("logger") from None
+
+    @logger.setter
+    def logger(self, tracking) -> None:
+        self.__dict__["_darl_tracking"] = compact_console(
+            tracking, getattr(self, "config", None), lambda: getattr(self, "total_training_steps", None))
 
     def _init_run_guard(self, config) -> None:
         self.darts: DartsConfig = darts_config(config)
