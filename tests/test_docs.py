@@ -82,6 +82,15 @@ def test_headline_tables_are_the_archives():
         assert line in evidence and line in readme, line
 
 
+def test_the_validation_table_is_the_archive():
+    """docs/evidence.md's validation block is what benchmarks/staleness/validation.py computes from the archived runs."""
+    from benchmarks.staleness.validation import report
+
+    text = (ROOT / "docs" / "evidence.md").read_text()
+    block = text.split("<!-- validation -->\n", 1)[1].split("\n<!-- /validation -->", 1)[0]
+    assert block.strip() == report(ROOT / "docs" / "evidence" / "protocol" / "validation" / "scarce").strip()
+
+
 def test_core_example_runs_as_written():
     """docs/algorithm.md's one-step example selects the fresh groups first, then the least reused."""
     (code,) = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "algorithm.md").read_text(), re.S)

@@ -2,6 +2,8 @@
 
     python -m benchmarks.staleness.protocol choose runs/protocol/scarce/dev          # the preset and the alternative
     python -m benchmarks.staleness.protocol headline runs/protocol/scarce/heldout --preset darl --alternative equal_update
+    python -m benchmarks.staleness.protocol archive runs/protocol docs/evidence/protocol   # raw runs into the repository
+    python -m benchmarks.staleness.protocol restore docs/evidence/protocol runs/protocol   # and back, to resume
 
 `choose` scores each configuration by the mean over s in {4, 8} of its mean final accuracy over the development
 seeds and picks the best D-ARL configuration (the preset) and the best simple alternative. `headline` pairs the
@@ -115,6 +117,33 @@ def headline_table(family: list[dict[str, Any]], secondary: list[dict[str, Any]]
     return "\n".join(lines) + "\n"
 
 
+def archive(out: Path, folder: Path) -> list[Path]:
+    """Every OUT/**/results.jsonl as FOLDER/**/results.jsonl.gz (the study's raw runs, kept in the repository)."""
+    import gzip
+
+    written = []
+    for source in sorted(out.rglob("results.jsonl")):
+        target = folder / source.relative_to(out).with_suffix(".jsonl.gz")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(gzip.compress(source.read_bytes(), mtime=0))
+        written.append(target)
+    return written
+
+
+def restore(folder: Path, out: Path) -> list[Path]:
+    """The archived runs back into OUT where OUT has none yet, so that a study on a new machine resumes."""
+    import gzip
+
+    written = []
+    for packed in sorted(folder.rglob("results.jsonl.gz")):
+        target = out / packed.relative_to(folder).with_suffix("")
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(gzip.decompress(packed.read_bytes()))
+            written.append(target)
+    return written
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -126,7 +155,16 @@ def main(argv=None) -> int:
     h.add_argument("--preset", required=True)
     h.add_argument("--alternative", required=True)
     h.add_argument("--out", type=Path)
+    for name, helptext in (("archive", "OUT's raw runs into FOLDER as .jsonl.gz"),
+                           ("restore", "FOLDER's archived runs into OUT where it has none")):
+        a = sub.add_parser(name, help=helptext)
+        a.add_argument("src", type=Path)
+        a.add_argument("dst", type=Path)
     args = p.parse_args(argv)
+    if args.command in ("archive", "restore"):
+        for path in (archive if args.command == "archive" else restore)(args.src, args.dst):
+            print(path)
+        return 0
     results = load_results(args.study / "results.jsonl")
     if args.command == "choose":
         preset, alternative = choose(results, DARL_CANDIDATES), choose(results, SIMPLE_CANDIDATES)

@@ -3,7 +3,8 @@
 # stage. Finished runs are skipped, so an interrupted study goes on where it stopped.
 #   bash benchmarks/staleness/protocol.sh [OUT]                 # validation + development stage (seeds 0-7)
 #   STAGE=heldout bash benchmarks/staleness/protocol.sh [OUT]   # the held-out seeds, once the development stage chose
-# TASK (scarce) picks the regime; JOBS (2) runs side by side, one thread each.
+# TASK (scarce) picks the regime; JOBS (2) runs side by side, one thread each. Runs archived under ARCHIVE
+# (docs/evidence/protocol, written by `python -m benchmarks.staleness.protocol archive OUT ARCHIVE`) are restored first.
 set -euo pipefail
 OUT="${1:-runs/protocol}"
 TASK="${TASK:-scarce}"
@@ -14,6 +15,8 @@ PY="${PYTHON:-python}"
 here="$(dirname "${BASH_SOURCE[0]}")"
 consts() { "$PY" -c "from benchmarks.staleness import protocol as p; print(' '.join(map(str, p.$1)))"; }
 
+# runs archived in the repository count as done: a study on a new machine resumes where the last one stopped
+"$PY" -m benchmarks.staleness.protocol restore "${ARCHIVE:-docs/evidence/protocol}" "$OUT"
 PYTHON="$PY" JOBS="$JOBS" TASK="$TASK" bash "$here/validate.sh" "$OUT/validation"
 LR=$("$PY" -c "
 from pathlib import Path; from benchmarks.staleness.validation import by_lr, best_lr

@@ -97,3 +97,19 @@ def test_the_protocol_file_and_the_code_agree():
     for name in (*protocol.DEV_CONFIGS, *protocol.DARL_CANDIDATES, *protocol.SIMPLE_CANDIDATES):
         assert name in METHODS, name
         assert f"`{name.removesuffix('_e2')}" in text, name  # every configuration is described there
+
+
+def test_archive_and_restore_keep_every_run(tmp_path):
+    out = tmp_path / "runs"
+    (out / "validation" / "scarce" / "lr0.0002").mkdir(parents=True)
+    (out / "scarce" / "dev").mkdir(parents=True)
+    one = out / "validation" / "scarce" / "lr0.0002" / "results.jsonl"
+    one.write_text(json.dumps(run("sync", 0, 0, 0.5)) + "\n")
+    (out / "scarce" / "dev" / "results.jsonl").write_text(json.dumps(run("darl", 4, 1, 0.6)) + "\n")
+    written = protocol.archive(out, tmp_path / "archive")
+    assert sorted(p.relative_to(tmp_path / "archive").as_posix() for p in written) == [
+        "scarce/dev/results.jsonl.gz", "validation/scarce/lr0.0002/results.jsonl.gz"]
+    fresh = tmp_path / "fresh"
+    assert len(protocol.restore(tmp_path / "archive", fresh)) == 2
+    assert (fresh / "validation" / "scarce" / "lr0.0002" / "results.jsonl").read_text() == one.read_text()
+    assert protocol.restore(tmp_path / "archive", fresh) == []  # runs already there are never overwritten
