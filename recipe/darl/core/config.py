@@ -37,8 +37,8 @@ class ReplayConfig:
     order: Optional[Order] = None
     ratio: Optional[float | bool] = None
     m2_budget: Optional[float | bool] = None
-    behavior_clip: Optional[float | bool] = None  # the trust region's eps for A < 0 (and for A > 0 unless set below)
-    behavior_clip_high: Optional[float | bool] = None  # its eps for A > 0; false: no bound on that side
+    behavior_clip: Optional[float | bool] = None  # the trust region's eps for A < 0
+    behavior_clip_high: Optional[float | bool] = None  # its eps for A > 0; false: no bound there; null: the preset's (false)
     prompt_replay: Optional[int | bool] = None  # per-prompt replay (RePO): responses kept per prompt; false: off
     prompt_replay_max_age: Optional[int] = None  # steps a stored response stays usable; null: no limit
 
