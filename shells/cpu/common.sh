@@ -29,6 +29,24 @@
 #   RAY_DASHBOARD   true: start Ray's dashboard (its processes take cycles from a 2-core machine) [false]
 #   DARL_DRY_RUN    1: print the resolved config and exit before Ray starts
 
+# the logical GPUs and CPUs the local Ray cluster advertises (verl's placement counts GPUs, its actors ask for more CPUs
+# than a small machine has); a job that joins a running cluster (RAY_ADDRESS, as shells/run.sh starts one) takes that
+# cluster's own (`ray start --num-gpus --num-cpus`; run.sh: GPUS_PER_NODE, CPUS_PER_NODE)
+ray_resource() {
+    if [[ -z "${RAY_ADDRESS:-}" ]]; then echo "++ray_kwargs.ray_init.$1=$2"; fi
+}
+
+# the environment this script sets, for the workers of a running cluster (its raylets started before this script):
+# handed over as the job's runtime_env (a local cluster's workers inherit it from the driver instead)
+ray_job_env() {
+    [[ -n "${RAY_ADDRESS:-}" ]] || return 0
+    local v
+    for v in VERL_PLATFORM OMP_NUM_THREADS MKL_NUM_THREADS TOKENIZERS_PARALLELISM PYTHONPATH VERL_USE_EXTERNAL_MODULES \
+             VERL_FILE_LOGGER_PATH TENSORBOARD_DIR VLLM_CPU_KVCACHE_SPACE TQ_NUM_THREADS DARL_FAULT_INJECT DARL_FAULT_MARKER; do
+        if [[ -n "${!v:-}" ]]; then echo "++ray_kwargs.ray_init.runtime_env.env_vars.$v='${!v}'"; fi  # quoted: strings
+    done
+}
+
 darl_cpu_setup() {
     DARL_REPO_ROOT="${DARL_REPO_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
     if [[ -z "${PYTHON:-}" ]]; then
@@ -104,7 +122,7 @@ darl_cpu_setup() {
         ++actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32
         # Ray: logical GPUs for verl's resource check (TRAINER_RANKS trainer + 1 rollout process), the workers ask
         # for CPUs (logical CPUs: set by each run function below, one more per extra trainer rank)
-        "++ray_kwargs.ray_init.num_gpus=$((TRAINER_RANKS + 3))"
+        $(ray_resource num_gpus $((TRAINER_RANKS + 3)))
         "++ray_kwargs.ray_init.include_dashboard=${RAY_DASHBOARD:-false}"
         "trainer.n_gpus_per_node=$TRAINER_RANKS"
         rollout.n_gpus_per_node=1
@@ -165,7 +183,7 @@ darl_cpu_setup() {
 
 darl_cpu_run() {
     # the one-step-off task runner alone asks for 10 logical CPUs
-    "$PYTHON" -m recipe.darl.main_darl "${DARL_CPU_ARGS[@]}" "++ray_kwargs.ray_init.num_cpus=$((15 + TRAINER_RANKS))" "$@"
+    "$PYTHON" -m recipe.darl.main_darl "${DARL_CPU_ARGS[@]}" $(ray_resource num_cpus $((15 + TRAINER_RANKS))) $(ray_job_env) "$@"
 }
 
 # verl's fully-async pipeline on the same example: a rollouter streams groups into verl's MessageQueue; each
@@ -176,7 +194,7 @@ darl_cpu_fully_async_run() {
     local require="${REQUIRE_BATCHES:-2}" sync="${SYNC_STEPS:-1}"
     # verl's fully-async actors ask for logical CPUs: task runner 1, trainer 10, rollouter 10, queue 2, workers
     "$PYTHON" -m recipe.darl.main_fully_async "${DARL_CPU_ARGS[@]}" \
-        "++ray_kwargs.ray_init.num_cpus=$((31 + TRAINER_RANKS))" \
+        $(ray_resource num_cpus $((31 + TRAINER_RANKS))) $(ray_job_env) \
         data.train_batch_size=0 \
         "rollout.total_rollout_steps=$((STEPS * MINI_BATCH_SIZE * require))" \
         "async_training.require_batches=$require" \
@@ -200,7 +218,7 @@ darl_cpu_v1_run() {
         case "$a" in rollout.n_gpus_per_node=*|actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=*) ;; *) args+=("$a") ;; esac
     done
     "$PYTHON" -m recipe.darl.main_v1 "${args[@]}" \
-        "++ray_kwargs.ray_init.num_cpus=$((18 + TRAINER_RANKS))" \
+        $(ray_resource num_cpus $((18 + TRAINER_RANKS))) $(ray_job_env) \
         "trainer.v1.trainer_mode=$mode" \
         "${rollout[@]}" \
         transfer_queue.backend.SimpleStorage.num_data_storage_units=1 \

@@ -43,9 +43,9 @@ def cpu_overrides(ray_gpus: int, ray_cpus: int = 16, fp32: bool = True) -> list[
         "actor_rollout_ref.actor.strategy=fsdp2",  # 5: FSDP1 fails on CPU (sync_module_states); ref follows
         "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",  # 9: compiling costs ~20 s
         "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
-        f"++ray_kwargs.ray_init.num_gpus={int(ray_gpus)}",  # 10
-        f"++ray_kwargs.ray_init.num_cpus={int(ray_cpus)}",
     ]
+    if not os.environ.get("RAY_ADDRESS"):  # 10; a job joining a running cluster (shells/run.sh) takes its resources
+        overrides += [f"++ray_kwargs.ray_init.num_gpus={int(ray_gpus)}", f"++ray_kwargs.ray_init.num_cpus={int(ray_cpus)}"]
     if fp32:
         for role in ("actor", "ref"):
             overrides += [f"++actor_rollout_ref.{role}.fsdp_config.mixed_precision.{key}=fp32"
