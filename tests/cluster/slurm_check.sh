@@ -43,3 +43,48 @@ runuser -u munge -- /usr/sbin/munged
 slurmctld -c && slurmd -c
 for _ in $(seq 30); do sinfo -h -o %T 2>/dev/null | grep -qE "idle|mixed" && break; sleep 1; done
 sinfo
+
+# a job: run.sh submits itself, starts Ray with srun and runs the CPU script on the tests' transformers rollout (the
+# CPU scripts' vLLM engine would double the time); its resources are logical, as the CPU scripts' own Ray cluster's
+export GPU_CHECK=0 CPUS_PER_NODE=32 GPUS_PER_NODE=4 RAY_HEAD_DELAY_S=5 ROLLOUT=hf LOG_DIR="$WORK/logs" PYTHON="$PY"
+export PYTHONPATH="$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}" VERL_USE_EXTERNAL_MODULES=hf_rollout TEST_FREQ=-1
+mkdir -p "$LOG_DIR"
+submit() {  # submit NAME SBATCH_ARGS [VAR=VALUE...]: run.sh's job; prints its id
+    local name="$1" args="$2"
+    shift 2
+    env "$@" SBATCH_ARGS="--gpus-per-node=0 --cpus-per-task=$CPUS --mem=8G --job-name=$name $args" \
+        bash "$ROOT/shells/run.sh" shells/cpu/one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh | sed -n 's/^Submitted batch job //p'
+}
+wait_done() {  # wait_done ID SECONDS: until Slurm forgets the job or it ends
+    local deadline=$(( SECONDS + $2 )) state
+    while (( SECONDS < deadline )); do
+        state="$(squeue -h -j "$1" -o %T 2>/dev/null || true)"
+        [[ -z "$state" ]] && return 0
+        sleep 5
+    done
+    log "job $1 still $state after $2 s"; scancel "$1"; return 1
+}
+fail() { log "FAILED: $*"; exit 1; }
+
+log "1. a job trains under sbatch"
+rm -rf "$WORK/train"
+id="$(submit darltrain "--time=00:15:00" OUT_DIR="$WORK/train" STEPS=4 SAVE_FREQ=2)"
+wait_done "$id" 900 || fail "job $id"
+run_log="$LOG_DIR/darltrain-$id-restart0.log"
+grep -q "ray start --head" "$LOG_DIR/darltrain-$id.out" || fail "no Ray head started by srun in $LOG_DIR/darltrain-$id.out"
+grep -q "\[darl\] step 4/4" "$run_log" || fail "no step 4 in $run_log"
+grep -q "exited with status 0" "$LOG_DIR/darltrain-$id.out" || fail "the script failed: $LOG_DIR/darltrain-$id.out"
+log "job $id trained 4 steps: $(grep -a -o '\[darl\] step 4/4.*' "$run_log" | head -1)"
+
+log "2. a time limit's signal saves at a step boundary; the requeued job resumes with the buffer"
+rm -rf "$WORK/requeue"
+id="$(submit darlreq "--time=00:03:00 --signal=B:USR1@60" OUT_DIR="$WORK/requeue" STEPS=30 SAVE_FREQ=1000 STOP_WAIT_S=50)"
+first="$LOG_DIR/darlreq-$id-restart0.log" second="$LOG_DIR/darlreq-$id-restart1.log"
+deadline=$(( SECONDS + 900 ))  # Slurm holds a requeued job about two minutes before it starts again
+until grep -qs "restored the replay buffer" "$second" || (( SECONDS > deadline )); do sleep 5; done
+scancel "$id"  # each restart gets three minutes: the check ends with the first resume
+grep -q "SIGUSR1: stop requested" "$first" || fail "no stop request in $first"
+grep -q "requeueing job $id" "$LOG_DIR/darlreq-$id.out" || fail "no requeue in $LOG_DIR/darlreq-$id.out"
+grep -q "Resuming from" "$second" && grep -q "restored the replay buffer" "$second" || fail "no resume with the buffer in $second"
+log "job $id: $(grep -a -o 'Resuming from [^ ]*' "$second" | head -1), $(grep -a -o 'restored the replay buffer: [0-9]* groups' "$second" | head -1)"
+log "passed"
