@@ -123,6 +123,7 @@ darl_cpu_setup() {
         # Ray: logical GPUs for verl's resource check (TRAINER_RANKS trainer + 1 rollout process), the workers ask
         # for CPUs (logical CPUs: set by each run function below, one more per extra trainer rank)
         $(ray_resource num_gpus $((TRAINER_RANKS + 3)))
+        $(ray_resource address local)  # a cluster of its own, even where another job's Ray left its address file
         "++ray_kwargs.ray_init.include_dashboard=${RAY_DASHBOARD:-false}"
         "trainer.n_gpus_per_node=$TRAINER_RANKS"
         rollout.n_gpus_per_node=1

@@ -65,6 +65,8 @@ wait_done() {  # wait_done ID SECONDS: until Slurm forgets the job or it ends
     log "job $1 still $state after $2 s"; scancel "$1"; return 1
 }
 fail() { log "FAILED: $*"; exit 1; }
+# a cancelled job can leave its Ray head's address file behind, which a later plain ray.init() would join
+trap 'ray stop --force >/dev/null 2>&1 || true; rm -f /tmp/ray/ray_current_cluster' EXIT
 
 log "1. a job trains under sbatch"
 rm -rf "$WORK/train"
