@@ -5,7 +5,7 @@ untrained samples and its DARTS state, and trains the remaining steps, none twic
 resume: test_kill_resume.py; run.sh's forwarding with stand-in Slurm commands: tests/cluster; the trainer side
 without Ray: tests/trainer/test_graceful_stop.py.)
 
-The launch also runs DARTS (rollout_shaping) with the test suite's backend, fixed redundancy r = 6 and L = 1: every
+The launch also runs DARTS (rollout_shaping) with the tests' transformers rollout, fixed redundancy r = 6 and L = 1: every
 request finishes and the middle ones are dropped. (One-step-off with adaptive r_i, L = 0 and aborts on verl's vLLM
 server: tests/vllm/test_pipeline_one_step_off.py.)"""
 

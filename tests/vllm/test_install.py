@@ -149,12 +149,12 @@ def test_cpu_scripts_refuse_rollout_vllm_without_vllm(tmp_path):
     bad = subprocess.run(["bash", str(CPU_SCRIPTS["one_step_off"])], env=_cpu_script_env(tmp_path, ROLLOUT="sglang"),
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "ROLLOUT must be hf or vllm" in bad.stderr
-    # the test suite's backend is refused where verl would not load it: not named for verl, or not on the path
+    # the tests' transformers rollout is refused where verl would not load it: not named for verl, or not on the path
     for extra in ({"VERL_USE_EXTERNAL_MODULES": ""}, {"PYTHONPATH": str(tmp_path)}):
         hf = subprocess.run(["bash", str(CPU_SCRIPTS["one_step_off"])],
                             env=_cpu_script_env(tmp_path, ROLLOUT="hf", **extra), capture_output=True, text=True,
                             timeout=120)
-        assert hf.returncode != 0 and "ROLLOUT=hf is the test suite's backend" in hf.stderr, (extra, hf.stderr[-2000:])
+        assert hf.returncode != 0 and "ROLLOUT=hf is the tests' transformers rollout" in hf.stderr, (extra, hf.stderr[-2000:])
 
 
 @pytest.mark.parametrize("trainer", sorted(CPU_SCRIPTS))
