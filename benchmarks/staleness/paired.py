@@ -88,6 +88,13 @@ class Paired:
         return self.n > 1 and self.low > 0
 
 
+def mean_std(values: list[float]) -> str:
+    """'0.460 ± 0.064' over seeds (sample std), the value alone for one seed, '-' for none."""
+    if not values:
+        return "-"
+    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
+
+
 def paired(a: dict[int, float], b: dict[int, float]) -> Paired:
     """Mean of a[seed] - b[seed] over the shared seeds, its 95% t interval and how many seeds have a above b."""
     seeds = sorted(set(a) & set(b))

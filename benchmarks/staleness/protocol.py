@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
-from benchmarks.staleness.paired import holm, paired
+from benchmarks.staleness.paired import holm, mean_std, paired
 from benchmarks.staleness.provenance import same_origin
 from benchmarks.staleness.run_study import load_results
 
@@ -74,8 +74,7 @@ def score_table(results: list[dict[str, Any]], names: Iterable[str], seeds: Iter
         parts = []
         for s in STALENESS:
             runs = [r["final_accuracy"] for r in cells.get((0 if name == "sync" else s, name), {}).values()]
-            sd = f" ± {statistics.stdev(runs):.3f}" if len(runs) > 1 else ""
-            parts.append(f"{statistics.fmean(runs):.3f}{sd} ({len(runs)})" if runs else "-")
+            parts.append(f"{mean_std(runs)} ({len(runs)})" if runs else "-")
         value = score(results, name, seeds, (0,) if name == "sync" else STALENESS)
         lines.append(f"| {name} | " + " | ".join(parts) + f" | {'-' if value is None else f'{value:.3f}'} |")
     return "\n".join(lines) + "\n"

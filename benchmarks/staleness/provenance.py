@@ -38,6 +38,10 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def provenance() -> dict[str, Any]:
     """The code and machine a run comes from. `dirty` counts tracked changes only (runs/ and caches are ignored)."""
     status = _git("status", "--porcelain", "--untracked-files=no")
@@ -48,7 +52,7 @@ def provenance() -> dict[str, Any]:
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": utc_now(),
         "argv": list(sys.argv),
     }
 

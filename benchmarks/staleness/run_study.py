@@ -350,12 +350,12 @@ def main(argv=None) -> int:
             from recipe.darl.example.build import build_example
             build_example()
 
-        from benchmarks.staleness.provenance import provenance
+        from benchmarks.staleness.provenance import provenance, utc_now
 
         origin = provenance()  # read once, before any run: the code the runs execute is the code at this point
 
         def save(result: dict[str, Any]) -> None:
-            result["provenance"] = {**origin, "finished": provenance()["date"]}
+            result["provenance"] = {**origin, "finished": utc_now()}
             with results_file.open("a") as f:
                 f.write(json.dumps(result) + "\n")
             print(f"done {result['method_name']} s={result['staleness']} seed={result['seed']}: "

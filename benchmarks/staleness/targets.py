@@ -12,11 +12,10 @@ seeds) and the seeds where the preset ended above. The target is the same everyw
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.staleness.paired import paired
+from benchmarks.staleness.paired import mean_std, paired
 from benchmarks.staleness.run_study import load_results
 
 PRESET = "darl"
@@ -31,18 +30,14 @@ def finals(results: list[dict[str, Any]]) -> dict[tuple[int, str], dict[int, flo
     return out
 
 
-def _mean_std(values: list[float]) -> str:
-    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
-
-
 def compare(preset: dict[int, float], other: dict[int, float], **label: Any) -> dict[str, Any]:
     """One row: the label, paired seeds, both finals over those seeds, the difference and its verdict."""
     diff = paired(preset, other)
     seeds = sorted(set(preset) & set(other))
     verdict = "met" if diff.supported else ("within noise" if diff.n > 1 and diff.mean > 0 else "missed")
     return {**label, "seeds": diff.n, "diff": diff, "verdict": verdict,
-            "preset": _mean_std([preset[x] for x in seeds]) if seeds else "-",
-            "other": _mean_std([other[x] for x in seeds]) if seeds else "-"}
+            "preset": mean_std([preset[x] for x in seeds]) if seeds else "-",
+            "other": mean_std([other[x] for x in seeds]) if seeds else "-"}
 
 
 def headline(results: list[dict[str, Any]], min_seeds: int = 1) -> list[dict[str, Any]]:

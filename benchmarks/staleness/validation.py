@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.staleness.paired import paired
+from benchmarks.staleness.paired import mean_std, paired
 from benchmarks.staleness.provenance import same_origin
 from benchmarks.staleness.run_study import load_results
 
@@ -39,12 +39,6 @@ def _finals(runs: list[dict[str, Any]], method: str, staleness: int) -> dict[int
     return {r["seed"]: r for r in runs if r["method_name"] == method and r["staleness"] == staleness}
 
 
-def _mean_std(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
-
-
 def best_lr(runs: dict[float, list[dict[str, Any]]], min_seeds: int = 1) -> float | None:
     """The learning rate with the highest mean final accuracy of sync over at least `min_seeds` seeds."""
     means = {lr: statistics.fmean(r["final_accuracy"] for r in _finals(rs, "sync", 0).values())
@@ -58,9 +52,9 @@ def sync_table(runs: dict[float, list[dict[str, Any]]]) -> str:
         sync = _finals(runs[lr], "sync", 0)
         if sync:
             rs = list(sync.values())
-            lines.append(f"| {lr:g} | {len(rs)} | {_mean_std([r['final_accuracy'] for r in rs])} | "
-                         f"{_mean_std([r['best_accuracy'] for r in rs])} | "
-                         f"{_mean_std([r['initial_accuracy'] for r in rs])} |")
+            lines.append(f"| {lr:g} | {len(rs)} | {mean_std([r['final_accuracy'] for r in rs])} | "
+                         f"{mean_std([r['best_accuracy'] for r in rs])} | "
+                         f"{mean_std([r['initial_accuracy'] for r in rs])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -77,8 +71,8 @@ def staleness_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             diff = paired({x: other[x]["final_accuracy"] for x in seeds}, {x: sync[x]["final_accuracy"] for x in seeds})
             side = sum(same_origin(other[x].get("provenance"), sync[x].get("provenance")) for x in seeds)
             rows.append({"s": s, "method": m, "seeds": len(seeds), "side_by_side": side, "diff": diff,
-                         "sync": _mean_std([sync[x]["final_accuracy"] for x in seeds]),
-                         "other": _mean_std([other[x]["final_accuracy"] for x in seeds]),
+                         "sync": mean_std([sync[x]["final_accuracy"] for x in seeds]),
+                         "other": mean_std([other[x]["final_accuracy"] for x in seeds]),
                          "hurts": diff.n > 1 and diff.high < 0})
     return rows
 
