@@ -16,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..core import group_multiple
 from ..core.config import ReplayConfig, as_list, is_int, is_number
 from ..core.darts import DartsConfig
-from ..trainers.console import MODES as CONSOLE_MODES
 from ..rewards.code_reward import SANDBOXES
+from ..trainers.console import MODES as CONSOLE_MODES
 
 VERL_DEFAULT_THRESHOLD = 2.0
 GROUP_ESTIMATORS = {"grpo", "rloo", "grpo_passk", "opo", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline"}

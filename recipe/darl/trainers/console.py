@@ -71,12 +71,6 @@ class CompactConsole:
             write = self.write
         write(self.line(data, step))
 
-    def flush(self) -> None:
-        pass
-
-    def finish(self, *args, **kwargs) -> None:
-        pass
-
 
 def compact_console(tracking: Any, config: Any, total_steps: Callable[[], Optional[int]]) -> Any:
     """`tracking` with its console backend replaced by `CompactConsole` when `console` is compact (a no-op without a
