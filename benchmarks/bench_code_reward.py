@@ -32,10 +32,11 @@ def scorer_at(rev: str):
     folder = Path(tempfile.mkdtemp(prefix="darl_bench_")) / "baseline_rewards"
     folder.mkdir()
     (folder / "__init__.py").write_text("")
-    for name in ("code_reward.py", "_runner.py"):
-        text = subprocess.run(["git", "show", f"{rev}:recipe/darl/rewards/{name}"], cwd=REPO, check=True,
-                              capture_output=True, text=True).stdout
-        (folder / name).write_text(text.replace("from recipe.darl.rewards._runner", "from baseline_rewards._runner"))
+    for name in ("code_reward.py", "_runner.py", "program_memory.py"):
+        shown = subprocess.run(["git", "show", f"{rev}:recipe/darl/rewards/{name}"], cwd=REPO, capture_output=True,
+                               text=True)
+        if shown.returncode == 0:  # (program_memory.py is newer than some baselines)
+            (folder / name).write_text(shown.stdout.replace("from recipe.darl.rewards.", "from baseline_rewards."))
     sys.path.insert(0, str(folder.parent))
     return importlib.import_module("baseline_rewards.code_reward")
 

@@ -303,6 +303,39 @@ def test_decoding_is_bounded_in_size_and_depth():
         decode([0] * 10_000, deadline=0.0, clock=lambda: 1.0)
 
 
+MEMORY_MB = 200
+HOLDERS = ("import os, sys, time\na, b = map(int, input().split())\nr, w = os.pipe()\n"  # 5 x 150 MB held at once
+           "for _ in range(5):\n    if os.fork() == 0:\n        x = b'x' * (150 << 20)\n        os.write(w, b'1')\n"
+           "        time.sleep(30)\n        os._exit(0)\ngot = b''\nwhile len(got) < 5:\n    got += os.read(r, 5)\n"
+           "print(a + b)\n")
+ONE_HOLDER = "x = b'x' * (150 << 20)\na, b = map(int, input().split())\nprint(a + b)\n"
+
+
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "one process"])
+def test_memory_is_bounded_per_program_not_per_process(cgroup, monkeypatch):
+    """`code_memory_mb` bounds the program with every process it starts: five processes of 150 MB each under a
+    200 MB limit never all hold (the cgroup's limit, or, where no cgroup can be made, no second process); one
+    process of 150 MB still passes."""
+    if not cgroup:
+        monkeypatch.setattr(code_reward.ProgramCgroup, "create", classmethod(lambda cls, memory_mb: None))
+    probe = code_reward.Candidate("pass", "stdin", None, 30.0, MEMORY_MB, "auto")
+    made = probe.cgroup
+    probe.close()
+    if cgroup and made is None:
+        pytest.skip("this trainer may not make a memory cgroup here")
+    assert probe.memory == ("cgroup" if cgroup else "one process")
+    assert made is None or not made.path.exists()  # removed with the program
+    assert score(ONE_HOLDER, STDIN, memory_mb=MEMORY_MB) == 1.0
+    start = time.monotonic()
+    assert score(HOLDERS, STDIN, memory_mb=MEMORY_MB, timeout_s=4.0) == 0.0
+    assert time.monotonic() - start < 15.0
+    # the same program under a limit it fits: it works where processes may start, so the zero above is the limit's
+    assert score(HOLDERS, STDIN, memory_mb=1024, timeout_s=8.0) == (1.0 if cgroup else 0.0)
+    threads = "import threading\na, b = map(int, input().split())\nt = threading.Thread(target=print, args=(a + b,))\n" \
+              "t.start()\nt.join()\n"  # the deep-recursion idiom of competitive programming runs in a thread
+    assert score(threads, STDIN) == (1.0 if cgroup else 0.0)
+
+
 # --------------------------------------------------------------------------- the fallback level
 
 
@@ -367,8 +400,14 @@ programs = {
     "nested namespace, then remount": remount.format(unshare="libc.unshare(0x10000000 | 0x00020000) == 0"),
     "write under /usr": "open('/usr/darl_hack', 'w')\nprint(3)",
 }
+memory = {"150 MB": "x = b'x' * (150 << 20)\nprint(3)",
+          "5 x 150 MB": "import os, time\nr, w = os.pipe()\nfor _ in range(5):\n    if os.fork() == 0:\n"
+                        "        x = b'x' * (150 << 20)\n        os.write(w, b'1')\n        time.sleep(30)\n"
+                        "got = b''\nwhile len(got) < 5:\n    got += os.read(r, 5)\nprint(3)"}
 print(json.dumps({"level": c.sandbox_level("namespaces"),
-                  **{k: c.compute_score(f"```python\n{v}\n```", S, sandbox="namespaces") for k, v in programs.items()}}))
+                  **{k: c.compute_score(f"```python\n{v}\n```", S, sandbox="namespaces") for k, v in programs.items()},
+                  **{k: c.compute_score(f"```python\n{v}\n```", S, sandbox="namespaces", memory_mb=200)
+                     for k, v in memory.items()}}))
 '''
 
 
@@ -384,7 +423,7 @@ def test_as_a_non_root_trainer_the_program_holds_no_capability_over_its_mounts()
     package.mkdir(parents=True)
     for folder in (package, package.parent, package.parent.parent):
         (folder / "__init__.py").touch()
-    for name in ("code_reward.py", "_runner.py"):
+    for name in ("code_reward.py", "_runner.py", "program_memory.py"):
         shutil.copy(Path(code_reward.__file__).with_name(name), package / name)
     (tmp_path / "pkg" / "check.py").write_text(NON_ROOT)
     for path in [tmp_path, *tmp_path.rglob("*")]:
@@ -397,5 +436,5 @@ def test_as_a_non_root_trainer_the_program_holds_no_capability_over_its_mounts()
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {"level": "namespaces", "honest": 1.0, "uid 1000": 1.0, "remount": 0.0,
-                   "nested namespace, then remount": 0.0, "write under /usr": 0.0}, got
+                   "nested namespace, then remount": 0.0, "write under /usr": 0.0, "150 MB": 1.0, "5 x 150 MB": 0.0}, got
     assert not Path("/usr/darl_hack").exists()

@@ -3,7 +3,7 @@
     python -I _runner.py        (started by code_reward.Candidate; standard library only)
 
 Protocol, one JSON document per line. The parent writes a header, {"code", "kind": "stdin" | "call", "name",
-"memory_mb", "cpu_s", "sandbox": {"level", "root", "uid", "keep"}}; the child answers {"ready": level} (or
+"memory_mb", "cpu_s", "processes", "sandbox": {"level", "root", "uid", "keep"}}; the child answers {"ready": level} (or
 {"error": ...}), then one answer per request: {"stdin": text} -> {"stdout": text, "exit": code}, or {"args": [...]}
 -> {"value": v} | {"error": name} for the named function (or `Solution().<name>`). Values travel in the tagged
 encoding of `encode` (exact plain types only). The expected outputs never reach this process.
@@ -31,7 +31,6 @@ PRELUDE = (  # what LiveCodeBench-style and HumanEval solutions commonly assume 
     "from bisect import *\n"
 )
 FILE_BYTES = 16 * 1024 * 1024
-MAX_PROCESSES = 32
 
 
 def encode(value, depth: int = 0):
@@ -188,7 +187,6 @@ def enter_namespaces(root: str, keep: list, uid: int, hide: list = ()) -> None:
 
 
 def drop_root(uid: int) -> None:
-    resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))  # counts this uid's processes only
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
@@ -228,9 +226,12 @@ def guard(workdir: str) -> None:
     builtins.open = io.open = open_here
 
 
-def set_limits(memory_mb: int, cpu_s: int) -> None:
+def set_limits(memory_mb: int, cpu_s: int, processes: int) -> None:
+    """RLIMIT_NPROC counts the tasks (processes and threads) of this uid, in its user namespace: `processes` 1 leaves
+    room for none besides this one."""
     for which, value in ((resource.RLIMIT_AS, int(memory_mb) * 1024 * 1024), (resource.RLIMIT_CPU, int(cpu_s)),
-                         (resource.RLIMIT_FSIZE, FILE_BYTES), (resource.RLIMIT_CORE, 0)):
+                         (resource.RLIMIT_FSIZE, FILE_BYTES), (resource.RLIMIT_CORE, 0),
+                         (resource.RLIMIT_NPROC, int(processes))):
         try:
             resource.setrlimit(which, (value, value))
         except (ValueError, OSError):
@@ -313,7 +314,7 @@ def main() -> int:
     except OSError as e:
         answer({"error": f"isolation: {e}"})
         return 1
-    set_limits(header["memory_mb"], header["cpu_s"])
+    set_limits(header["memory_mb"], header["cpu_s"], header["processes"])
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)

@@ -33,6 +33,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from recipe.darl.rewards._runner import decode, encode
+from recipe.darl.rewards.program_memory import ProgramCgroup
 
 RUNNER = Path(__file__).with_name("_runner.py")
 STDLIB = os.path.dirname(os.path.realpath(os.__file__))  # the interpreter's standard library (lib-dynload inside)
@@ -40,6 +41,7 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_MB = 1024
 SANDBOXES = ("auto", "namespaces", "limits")
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
+MAX_PROCESSES = 32  # a program's processes and threads, where a cgroup bounds their memory together
 _CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _uids = itertools.count()
 _announced: set[str] = set()
@@ -105,11 +107,21 @@ class Candidate:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                "PYTHONHASHSEED": "0"}  # nothing else from the trainer's environment (API keys)
         self.uid = uid if os.getuid() == 0 else None
+        self.cgroup = ProgramCgroup.create(memory_mb)
         # -S: no site module, so no installed packages on the program's path (the runner needs the standard library only)
         self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(RUNNER)], cwd=self.work, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         self.buffer = b""
         try:
+            # the runner waits for its header, so it joins before any of the program's code runs
+            if self.cgroup is not None:
+                try:
+                    self.cgroup.join(self.proc.pid)
+                except OSError:
+                    self.cgroup.close()
+                    self.cgroup = None
+            # without a cgroup, one process (no fork, no thread) under RLIMIT_AS bounds the program's memory
+            header["processes"] = MAX_PROCESSES if self.cgroup is not None else 1
             answer = self.ask(header)
             if "ready" not in answer:
                 raise CandidateFailed(answer.get("error", "the program did not load"))
@@ -117,7 +129,8 @@ class Candidate:
             self.close()
             raise
         self.level: str = answer["ready"]
-        _announce(self.level)
+        self.memory = "cgroup" if self.cgroup is not None else "one process"
+        _announce(f"{self.level}; memory per program: {self.memory}")
 
     def _send(self, data: bytes) -> None:
         """Writes `data` to the child's request pipe without blocking past the deadline (a program that stops
@@ -168,6 +181,8 @@ class Candidate:
         if self.uid is not None:
             _kill_uid(self.uid)  # and anything that left the session: every process of the program's own uid
         self.proc.wait()
+        if self.cgroup is not None:
+            self.cgroup.close()  # and anything left in its cgroup
         for stream in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
