@@ -20,7 +20,8 @@ from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
 from recipe.darl.workers.darts_rollout import (COUNTS, EXTRA, GROUP, KEEP_LAST, TIMES, DartsAgentLoopWorker,
-                                              DartsManagerMixin, _AbortOnCancel, _Part, abort_in_engine)
+                                              DartsManagerMixin, _AbortOnCancel, _Part, _ROW, _abort_until_returned,
+                                              abort_in_engine)
 
 
 @pytest.fixture
@@ -37,13 +38,6 @@ def worker(monkeypatch):
                 return SimpleNamespace(token_ids=[0] * kwargs.get("partial", 0))
             return SimpleNamespace(token_ids=[1] * kwargs["tokens"])
 
-        class Ref:  # as a Ray object ref: awaiting it again after a cancelled await gives the call's result
-            def __init__(self, call):
-                self.call = call
-
-            def __await__(self):
-                return asyncio.shield(self.call).__await__()
-
         calls = {}
 
         class Handle:  # a rollout server's Ray handle; the engine abort cancels the call on the "server"
@@ -51,12 +45,13 @@ def worker(monkeypatch):
                 @staticmethod
                 def remote(request_id, **params):
                     calls[request_id] = asyncio.ensure_future(server_call())
-                    return Ref(calls[request_id])
+                    return _Ref(calls[request_id])
 
             class __ray_call__:  # noqa: N801
                 @staticmethod
                 def remote(fn, request_id):
                     calls[request_id].cancel()
+                    return asyncio.sleep(0)
 
             class abort_request:  # noqa: N801
                 @staticmethod
@@ -121,34 +116,121 @@ def test_finish_is_the_end_of_generation_not_of_the_reward(worker):
     assert [o.row for o in kept] == [0] and outputs[1] is None
 
 
-def test_a_cancelled_request_is_aborted_in_its_servers_engine_and_through_abort_request():
-    calls: list[tuple] = []
+class _Ref:
+    """As a Ray object ref: a cancelled await leaves the call running, and it can be awaited again."""
 
-    class Handle:  # a Ray handle of a rollout server
+    def __init__(self, call):
+        self.call = call
+
+    def __await__(self):
+        return asyncio.shield(self.call).__await__()
+
+
+class _Server:
+    """A rollout server's Ray handle whose requests enter the engine `enters_s` after they are sent (queued in Ray
+    behind max_concurrency, parked during a weight sync), then decode a token every 10 ms up to `limit`; vLLM's
+    abort of an id the engine does not hold yet is ignored."""
+
+    def __init__(self, enters_s: float, limit: int = 1000):
+        self.enters_s, self.limit, self.calls, self.running = enters_s, limit, [], {}
+        server = self
+
         class generate:  # noqa: N801 (a Ray handle's method)
             @staticmethod
-            def remote(**kwargs):
-                return asyncio.sleep(60)
+            def remote(request_id, **kwargs):
+                return _Ref(asyncio.ensure_future(server.decode(request_id)))
 
         class __ray_call__:  # noqa: N801
             @staticmethod
-            def remote(fn, *args):
-                calls.append((fn, *args))
+            def remote(fn, request_id):
+                server.calls.append((fn, request_id))
+                if request_id in server.running:
+                    server.running[request_id].set()
+                return asyncio.sleep(0.01)
 
         class abort_request:  # noqa: N801
             @staticmethod
             def remote(request_id, **kwargs):
-                calls.append(("abort_request", request_id, kwargs))
+                server.calls.append(("abort_request", request_id, kwargs))
+
+        self.generate, self.__ray_call__, self.abort_request = generate, __ray_call__, abort_request
+
+    async def decode(self, request_id: str):
+        await asyncio.sleep(self.enters_s)
+        aborted = self.running[request_id] = asyncio.Event()
+        tokens = 0
+        while not aborted.is_set() and tokens < self.limit:
+            tokens += 1
+            await asyncio.sleep(0.01)
+        return SimpleNamespace(token_ids=[0] * tokens)
+
+
+async def _cancelled_row(server, earlier: int = 0) -> _Part:
+    """A row's request cancelled 0.1 s after it was sent (after `earlier` turns that returned); the row's part once
+    the abort has come back."""
+    row = _Part(n=1, r=1, keep_last=0)
+    _ROW.set((row, "task"))  # copied into the tasks below, as the worker's agent loop does
+    handle = _AbortOnCancel(server)
+    for turn in range(earlier):
+        server.limit = 5
+        await handle.generate.remote(request_id=f"turn{turn}", prompt_ids=[1])
+        server.limit = 1000
+    task = asyncio.create_task(handle.generate.remote(request_id="r7", prompt_ids=[1]))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    row.aborted_tokens = await asyncio.wait_for(row.aborted_calls.pop("task"), 5)
+    return row
+
+
+@pytest.mark.parametrize("enters_s", [0.0, 0.6])
+def test_a_cancelled_request_is_aborted_in_its_servers_engine_even_before_it_got_there(enters_s):
+    """The abort is repeated until the server call returns: a request that reaches the engine after the first abort
+    (0.6 s later here) is stopped when it arrives, and its partial tokens come back."""
+    server = _Server(enters_s)
+    t0 = time.monotonic()
+    row = asyncio.run(_cancelled_row(server))
+    assert time.monotonic() - t0 < enters_s + 1.0  # not the 10 s the request would decode for
+    assert 0 < row.aborted_tokens < 20 and row.decoded == {}  # stopped right after it reached the engine
+    assert server.calls[0] == ("abort_request", "r7", {"reset_prefix_cache": False})
+    engine_aborts = [c for c in server.calls if c[0] is abort_in_engine]
+    assert all(c[1] == "r7" for c in engine_aborts) and len(engine_aborts) >= (2 if enters_s else 1)
+
+
+def test_an_aborted_rows_earlier_turns_are_counted():
+    """Multi-turn loops and partial-rollout segments: the tokens of a row's server calls that returned are kept
+    per row, so an aborted row counts them with its last, aborted call."""
+    row = asyncio.run(_cancelled_row(_Server(0.0), earlier=2))
+    assert row.decoded == {"task": 10} and 0 < row.aborted_tokens < 20
+
+
+def test_a_row_cancelled_while_the_balancer_answers_releases_its_server():
+    released: list[tuple] = []
+
+    async def acquire(request_id, **extra):
+        await asyncio.sleep(0.2)
+        return "server-0", object()
+
+    client = SimpleNamespace(_acquire_server=acquire, _release_server=lambda sid, request_id=None: released.append(
+        (sid, request_id)))
+    worker = object.__new__(DartsAgentLoopWorker)
+    AgentLoopWorker.__init__ = lambda self, *a, **k: None  # restored below: only the client wrapping is under test
+    try:
+        DartsAgentLoopWorker.__init__(worker, None, client)
+    finally:
+        del AgentLoopWorker.__init__
 
     async def scenario():
-        task = asyncio.create_task(_AbortOnCancel(Handle()).generate.remote(request_id="r7", prompt_ids=[1]))
-        await asyncio.sleep(0.01)
+        task = asyncio.create_task(client._acquire_server("r1"))
+        await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        await asyncio.sleep(0.3)  # the balancer's answer arrives after the cancel
 
     asyncio.run(scenario())
-    assert calls == [(abort_in_engine, "r7"), ("abort_request", "r7", {"reset_prefix_cache": False})]
+    assert released == [("server-0", "r1")]
 
 
 def test_abort_in_engine_runs_vllms_abort_on_the_engines_loop():
@@ -163,17 +245,26 @@ def test_abort_in_engine_runs_vllms_abort_on_the_engines_loop():
         def __init__(self):
             self.output_handler = asyncio.run_coroutine_threadsafe(_make_task(), loop).result(5)
 
-        async def abort(self, request_id):
-            aborted.append((request_id, threading.current_thread() is thread))
+        async def abort(self, request_ids):
+            aborted.append((request_ids, threading.current_thread() is thread))
 
     engine = Engine()
 
+    forwarded: list[tuple] = []
+
+    class Peer:  # a decode peer of a prefill/decode split
+        class __ray_call__:  # noqa: N801
+            @staticmethod
+            def remote(fn, request_id):
+                forwarded.append((fn, request_id))
+
     class Server:
-        def __init__(self, engine=None):
-            self.engine = engine
+        def __init__(self, engine=None, peers=()):
+            self.engine, self._pd_decode_peers = engine, list(peers)
 
     try:
-        assert abort_in_engine(Server(engine), "r7") is True and aborted == [("r7", True)]
+        assert abort_in_engine(Server(engine), "r7") is True and aborted == [(["r7", "r7_P"], True)]
+        assert abort_in_engine(Server(engine, [Peer()]), "r6") and forwarded == [(abort_in_engine, "r6_D")]
         assert abort_in_engine(Server(), "r8") is False and abort_in_engine(Server(object()), "r9") is False
     finally:
         loop.call_soon_threadsafe(loop.stop)

@@ -67,8 +67,9 @@ class _Part:
     tokens: dict = field(default_factory=dict)  # task -> response tokens it generated
     outputs: dict = field(default_factory=dict)  # task -> id() of its output
     aborted: set = field(default_factory=set)
-    aborted_calls: dict = field(default_factory=dict)  # task -> its aborted server call (it returns the partial)
-    aborted_tokens: int = 0
+    aborted_calls: dict = field(default_factory=dict)  # task -> the abort of its server call (-> partial tokens)
+    decoded: dict = field(default_factory=dict)  # task -> tokens of its server calls that returned (earlier turns
+    aborted_tokens: int = 0                      # and partial-rollout segments)
 
 
 class DartsAgentLoopWorker(AgentLoopWorker):
@@ -77,10 +78,16 @@ class DartsAgentLoopWorker(AgentLoopWorker):
     def __init__(self, config, llm_client, *args, **kwargs):
         super().__init__(config, llm_client, *args, **kwargs)
         self._parts: dict[str, _Part] = {}
-        acquire = llm_client._acquire_server
+        acquire, release = llm_client._acquire_server, llm_client._release_server
 
         async def acquire_abortable(request_id: str, **extra):
-            server_id, handle = await acquire(request_id, **extra)
+            call = asyncio.ensure_future(acquire(request_id, **extra))
+            try:
+                server_id, handle = await asyncio.shield(call)
+            except asyncio.CancelledError:  # the balancer counts the request in flight once it answers: release it
+                call.add_done_callback(lambda done: done.cancelled() or done.exception() is not None
+                                       or release(done.result()[0], request_id=request_id))
+                raise
             return server_id, _AbortOnCancel(handle)
 
         llm_client._acquire_server = acquire_abortable
@@ -120,8 +127,9 @@ class DartsAgentLoopWorker(AgentLoopWorker):
         except asyncio.CancelledError:
             if task in part.aborted:  # ours: the group has its n
                 task.uncancel()
-                tokens = await _partial_tokens(part.aborted_calls.pop(task, None))  # awaited before the sum is read
-                part.aborted_tokens += tokens
+                abort = part.aborted_calls.pop(task, None)
+                partial = await abort if abort is not None else 0  # awaited before the sum is read
+                part.aborted_tokens += part.decoded.pop(task, 0) + partial
                 return None
             raise
         finally:
@@ -190,36 +198,58 @@ class _AbortOnCancel:
 
 async def _generate_or_abort(handle, kwargs: dict):
     ref = handle.generate.remote(**kwargs)
+    row = _ROW.get(None)
     try:
-        return await ref
-    except asyncio.CancelledError:  # fire and forget: vLLM's engine abort, and the server's own abort_request
-        handle.__ray_call__.remote(abort_in_engine, kwargs["request_id"])
-        handle.abort_request.remote(kwargs["request_id"], reset_prefix_cache=False)
-        row = _ROW.get(None)
+        output = await ref
+    except asyncio.CancelledError:
+        handle.abort_request.remote(kwargs["request_id"], reset_prefix_cache=False)  # the server's own, fire and forget
+        abort = asyncio.ensure_future(_abort_until_returned(handle, kwargs["request_id"], ref))
         if row is not None:  # the row's worker counts the tokens of the partial response the server returns
-            row[0].aborted_calls[row[1]] = ref
+            row[0].aborted_calls[row[1]] = abort
         raise
+    if row is not None:
+        row[0].decoded[row[1]] = row[0].decoded.get(row[1], 0) + len(output.token_ids)
+    return output
 
 
-async def _partial_tokens(call, timeout_s: float = 30.0) -> int:
-    """Tokens of the partial response an aborted server call returns (0 if it returns nothing in time)."""
-    if call is None:
+async def _returned(ref):
+    return await ref  # a Ray object ref can be awaited again after the awaiting task was cancelled
+
+
+async def _abort_until_returned(handle, request_id: str, ref, period_s: float = 0.25, timeout_s: float = 30.0) -> int:
+    """Aborts `request_id` in its server's engine until the server call returns; the partial response's tokens (0 if
+    it returns nothing in `timeout_s`). Repeated because vLLM ignores an abort of an id it does not hold yet: a request
+    queued in Ray behind the server's max_concurrency, parked during a weight sync or in input processing."""
+    loop = asyncio.get_running_loop()
+    result, deadline = asyncio.ensure_future(_returned(ref)), loop.time() + timeout_s
+    while not result.done() and loop.time() < deadline:
+        abort = asyncio.ensure_future(_returned(handle.__ray_call__.remote(abort_in_engine, request_id)))
+        abort.add_done_callback(lambda done: done.cancelled() or done.exception())  # a failed try: the next one
+        await asyncio.wait([result, abort], timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED)
+        if not result.done():
+            await asyncio.wait([result], timeout=period_s)
+    if not result.done():
+        result.cancel()
         return 0
-    try:  # a Ray object ref can be awaited again after the awaiting task was cancelled
-        return len((await asyncio.wait_for(call, timeout_s)).token_ids)
-    except Exception:  # noqa: BLE001 - a server that answers nothing: its tokens are not counted
+    try:
+        return len(result.result().token_ids)
+    except Exception:  # noqa: BLE001 - a server call that failed: its tokens are not counted
         return 0
 
 
 def abort_in_engine(server, request_id: str, timeout_s: float = 10.0) -> bool:
     """Aborts `request_id` with vLLM's `AsyncLLM.abort` on the engine's loop, run in verl's vLLM server actor via
     `__ray_call__`; False without a vLLM engine. Needed because verl 0.9.1's `abort_request` looks the id up among
-    vLLM's internal ids (`<id>-<8 random characters>`), finds nothing and leaves the request decoding."""
+    vLLM's internal ids (`<id>-<8 random characters>`), finds nothing and leaves the request decoding. Under a
+    prefill/decode split the prefill leg (`<id>_P`) runs here and the decode leg (`<id>_D`) on a decode peer."""
     engine = getattr(server, "engine", None)
     handler = getattr(engine, "output_handler", None)  # AsyncLLM's output task: it runs on the engine's loop
     if not callable(getattr(engine, "abort", None)) or handler is None:
         return False
-    asyncio.run_coroutine_threadsafe(engine.abort(request_id), handler.get_loop()).result(timeout_s)
+    for peer in getattr(server, "_pd_decode_peers", None) or ():
+        peer.__ray_call__.remote(abort_in_engine, f"{request_id}_D")
+    ids = [request_id, f"{request_id}_P"]
+    asyncio.run_coroutine_threadsafe(engine.abort(ids), handler.get_loop()).result(timeout_s)
     return True
 
 
