@@ -71,3 +71,20 @@ def test_the_adaptive_setting_sees_only_earlier_draws_of_the_same_prompts():
     # the same prompts every step: a prompt's typical length persists (median ratio between steps near 1)
     medians = np.array([np.median(lengths, 1) for lengths, _ in pairs])
     assert np.corrcoef(medians[0], medians[-1])[0, 1] > 0.5
+
+
+def test_the_cpu_validation_scores_fitted_and_unfitted_cells_apart():
+    """docs/evidence/darts/simulator/validate_cpu.md is what `--validate` gives on the archived benchmark; the base
+    cells it is fitted on are the in-sample ones, every other cell is scored out of sample."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.darts.simulator import validate
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "evidence" / "darts"
+    table = validate(json.loads((root / "rollout_cpu.json").read_text()))
+    assert table.strip() == (root / "simulator" / "validate_cpu.md").read_text().strip()
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and " s |" not in line
+            and not line.startswith("|---")]
+    assert {(r[1], r[2]) for r in rows if r[2] == "in"} == {("base", "in")}
+    assert sum(r[2] == "out of" for r in rows) == 12 and "out of sample (12 cells)" in table
