@@ -8,7 +8,8 @@
 `choose` scores each configuration by the mean over s in {4, 8} of its mean final accuracy over the development
 seeds and picks the best D-ARL configuration (the preset) and the best simple alternative. `headline` pairs the
 preset with decoupled PPO and with the alternative at s = 4 and 8 over the held-out seeds (paired t test), adjusts
-the four p-values with Holm's method and gives each comparison its verdict; secondary rows follow, unadjusted.
+the four p-values with Holm's method and gives each comparison its verdict; secondary rows follow, unadjusted; then
+each configuration's accuracy at equal generated samples, gradient steps and wall time (`two_axes`).
 """
 
 from __future__ import annotations
@@ -116,6 +117,61 @@ def headline_table(family: list[dict[str, Any]], secondary: list[dict[str, Any]]
     return "\n".join(lines) + "\n"
 
 
+AXES = ("samples", "updates", "wall")  # generated samples, gradient steps (optimizer updates), wall seconds
+
+
+def curve(run: dict[str, Any], axis: str) -> tuple[list[float], list[float]]:
+    """(x, accuracy) at the run's evaluations; x on `axis` (updates: those done before the evaluation's step)."""
+    if axis == "updates":
+        done = [sum(s["updates"] for s in run["steps"] if s["step"] < e["step"]) for e in run["evals"]]
+        return [float(x) for x in done], [e["accuracy"] for e in run["evals"]]
+    return [float(e[axis]) for e in run["evals"]], [e["accuracy"] for e in run["evals"]]
+
+
+def accuracy_at(run: dict[str, Any], axis: str, x: float) -> float:
+    """Accuracy at `x` on `axis`, linear between the two evaluations around it (the last one past its end)."""
+    xs, ys = curve(run, axis)
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (max(x, x0) - x0) / (x1 - x0)
+    return ys[-1]
+
+
+FRACTIONS = (0.25, 0.5, 1.0)  # of the shortest run on each axis (docs/evidence/protocol.md, section 3)
+
+
+def two_axes(results: list[dict[str, Any]], names: Iterable[str], s: int, seeds: Iterable[int]) -> str:
+    """The secondary figures of the configurations `names` at staleness `s` (sync at 0), mean +- std over `seeds`:
+    final accuracy, median step time relative to decoupled PPO's, generated samples to reach decoupled PPO's mean
+    final accuracy; then accuracy at equal generated samples, gradient steps and wall time, at 25%, 50% and 100% of
+    the least any run of the table reached on that axis."""
+    cells = _finals(results, seeds)
+    rows = {n: list(cells.get((0 if n == "sync" else s, n), {}).values()) for n in names}
+    rows = {n: runs for n, runs in rows.items() if runs}
+    ref = rows.get("decoupled")
+    ref_step = statistics.median(r["step_time_mean"] for r in ref) if ref else None
+    ref_final = statistics.fmean(r["final_accuracy"] for r in ref) if ref else None
+    lines = [f"| s = {s} | runs | final | step time / decoupled's | samples to decoupled's final (runs reaching it) |",
+             "|---|---|---|---|---|"]
+    for n, runs in rows.items():
+        step = f"{statistics.median(r['step_time_mean'] for r in runs) / ref_step:.2f}x" if ref_step else "-"
+        reach = [next((e["samples"] for e in r["evals"] if e["accuracy"] >= ref_final), None) for r in runs] \
+            if ref_final is not None else []
+        hit = [x for x in reach if x is not None]
+        lines.append(f"| {n} | {len(runs)} | {mean_std([r['final_accuracy'] for r in runs])} | {step} | "
+                     f"{f'{statistics.fmean(hit):.0f}' if hit else '-'} ({len(hit)}) |")
+    for axis in AXES:
+        end = min(curve(r, axis)[0][-1] for runs in rows.values() for r in runs)
+        what, unit = {"samples": ("samples", "samples"), "updates": ("gradient steps", "gradient steps"),
+                      "wall": ("wall time", "s")}[axis]
+        lines += ["", f"| s = {s}, equal {what} | " + " | ".join(f"at {f * end:.0f} {unit}" for f in FRACTIONS) + " |",
+                  "|---|" + "---|" * len(FRACTIONS)]
+        for n, runs in rows.items():
+            lines.append(f"| {n} | " + " | ".join(mean_std([accuracy_at(r, axis, f * end) for r in runs])
+                                                  for f in FRACTIONS) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def archive(out: Path, folder: Path) -> list[Path]:
     """Every OUT/**/results.jsonl as FOLDER/**/results.jsonl.gz (the study's raw runs, kept in the repository)."""
     import gzip
@@ -171,7 +227,9 @@ def main(argv=None) -> int:
                 + f"\npreset: {preset or 'not yet (a candidate lacks runs)'}\n"
                 + f"alternative: {alternative or 'not yet (a candidate lacks runs)'}\n")
     else:
-        text = headline_table(*headline(results, args.preset, args.alternative))
+        names = ("sync", "naive", "decoupled", "equal_update", args.preset, args.alternative)
+        text = (headline_table(*headline(results, args.preset, args.alternative)) + "\n"
+                + "\n".join(two_axes(results, dict.fromkeys(names), s, HELDOUT_SEEDS) for s in STALENESS))
     print(text)
     if args.out:
         args.out.write_text(text)

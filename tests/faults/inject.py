@@ -62,7 +62,12 @@ def _kill(fault: str, step: int) -> None:
 
 
 def hook(point: str, step: int) -> None:
-    """The probe hook: kills here when `DARL_FAULT_INJECT` names a fault at this point and step."""
+    """The probe hook: appends `<point> <step>` to `DARL_PROBE_LOG` when set; kills here when `DARL_FAULT_INJECT`
+    names a fault at this point and step."""
+    seen = os.environ.get("DARL_PROBE_LOG")
+    if seen:
+        with open(seen, "a") as f:
+            f.write(f"{point} {step}\n")
     spec = os.environ.get(ENV)
     if not spec:
         return

@@ -113,3 +113,29 @@ def test_archive_and_restore_keep_every_run(tmp_path):
     assert len(protocol.restore(tmp_path / "archive", fresh)) == 2
     assert (fresh / "validation" / "scarce" / "lr0.0002" / "results.jsonl").read_text() == one.read_text()
     assert protocol.restore(tmp_path / "archive", fresh) == []  # runs already there are never overwritten
+
+
+def test_accuracy_at_equal_samples_gradient_steps_and_wall_time_by_hand():
+    """Two runs, evaluated at steps 0, 10 and 20: `two` makes two updates a step and runs slower. At 20 gradient
+    steps (the fewer of their ends: 20 vs 40) `one` has finished (0.6) and `two` is halfway (step 10: 0.5); at 100 s
+    (`one`'s end) `two`, whose evaluations are at 0, 80 and 160 s, sits between 0.5 and 0.7: 0.5 + 0.2 x 20 / 80."""
+    def curve_run(name, per_step, walls, accs):
+        r = run(name, 4, 0, accs[-1])
+        r["evals"] = [{"step": 10 * i, "samples": 2560 * i, "wall": w, "accuracy": a}
+                      for i, (w, a) in enumerate(zip(walls, accs))]
+        r["steps"] = [{"step": t, "updates": per_step} for t in range(20)]
+        return r
+
+    one = curve_run("decoupled", 1, [0.0, 50.0, 100.0], [0.2, 0.4, 0.6])
+    two = curve_run("equal_update", 2, [0.0, 80.0, 160.0], [0.2, 0.5, 0.7])
+    assert protocol.curve(two, "updates") == ([0.0, 20.0, 40.0], [0.2, 0.5, 0.7])
+    assert protocol.accuracy_at(one, "updates", 20) == 0.6 and protocol.accuracy_at(two, "updates", 20) == 0.5
+    assert protocol.accuracy_at(two, "wall", 100) == pytest.approx(0.55)
+    one["step_time_mean"], two["step_time_mean"] = 5.0, 8.0
+    table = protocol.two_axes([one, two], ["decoupled", "equal_update"], 4, [0])
+    # equal_update reaches decoupled's final 0.6 at its third evaluation (5120 samples); its steps take 1.6x as long
+    assert "| equal_update | 1 | 0.700 | 1.60x | 5120 (1) |" in table  # (one seed: no spread)
+    assert "| s = 4, equal gradient steps | at 5 gradient steps | at 10 gradient steps | at 20 gradient steps |" in table
+    assert "| equal_update | 0.350 | 0.500 | 0.700 |" in table  # samples: 1280 (halfway to step 10), 2560, 5120
+    assert "| equal_update | 0.275 | 0.350 | 0.500 |" in table  # gradient steps: 5, 10, 20
+    assert "| s = 4, equal wall time | at 25 s | at 50 s | at 100 s |" in table

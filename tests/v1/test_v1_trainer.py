@@ -31,13 +31,23 @@ def v1_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("v1_colocate_async")
     inputs = build_inputs(root)
     overrides = ("trainer.max_actor_ckpt_to_keep=null",)
-    stopped = launch(V1, root, inputs, "stopped", env=dict(ENV, STEPS=str(CONFIGURED)), overrides=overrides,
-                     after_step=3, action=usr1_to_driver, timeout=600, grace_s=20.0)
+    probes = root / "probes.txt"
+    stopped = launch(V1, root, inputs, "stopped", env=dict(ENV, STEPS=str(CONFIGURED), DARL_PROBE_LOG=str(probes)),
+                     overrides=overrides, after_step=3, action=usr1_to_driver, timeout=600, grace_s=20.0)
     assert stopped.rc == 0 and stopped.tracker is not None, stopped.text[-3000:]
     saved = read_checked(str(root / "out" / "checkpoints" / f"global_step_{stopped.tracker}" / "darl_replay.pt"))
-    resumed = launch(V1, root, inputs, "resumed", env=dict(ENV, STEPS=str(stopped.tracker + 2)), overrides=overrides,
-                     timeout=600)
-    return {"stopped": stopped, "resumed": resumed, "saved": saved["replay"]}
+    # the resumed job's reward is NaN for about one response in three: the reward guard must score them 0.0
+    (root / "nan_reward.py").write_text(NAN_REWARD)
+    nan_inputs = dict(inputs, reward=f"reward.custom_reward_function.path={root / 'nan_reward.py'}")
+    resumed = launch(V1, root, nan_inputs, "resumed", env=dict(ENV, STEPS=str(stopped.tracker + 2)),
+                     overrides=overrides, timeout=600)
+    return {"stopped": stopped, "resumed": resumed, "saved": saved["replay"], "probes": probes.read_text().split("\n")}
+
+
+NAN_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return float("nan") if sum(map(ord, solution_str)) % 3 == 0 else len(solution_str) % 7 / 7
+'''
 
 
 def test_v1_trains_with_replay_over_transfer_queue(v1_runs):
@@ -77,3 +87,16 @@ def test_the_resumed_v1_job_restores_its_buffer(v1_runs):
     first = resumed.log[stopped.tracker + 1]
     assert first["replay/candidates"] > FRESH - first["replay/dropped_zero_adv"]  # the restored groups compete
     assert saved["steps_done"] == stopped.tracker
+
+
+def test_v1_has_the_reward_guard_and_the_update_probe(v1_runs):
+    """NaN rewards are scored 0.0 before the groups take them (the update stays finite and the count is logged), and
+    the trainer's `update` probe point fires on V1 at every trained step, as on the V0 trainers."""
+    log = v1_runs["resumed"].log
+    steps = v1_runs["resumed"].trained()
+    assert steps and all(math.isfinite(log[s]["actor/pg_loss"]) and math.isfinite(log[s]["actor/grad_norm"])
+                         for s in steps)
+    assert sum(log[s]["faults/nonfinite_rewards"] for s in steps) > 0
+    assert "NaN or infinite reward scored 0.0" in v1_runs["resumed"].text
+    updates = {int(line.split()[1]) for line in v1_runs["probes"] if line.startswith("update ")}
+    assert {1, 2, 3} <= updates, v1_runs["probes"]

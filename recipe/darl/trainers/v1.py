@@ -19,12 +19,14 @@ from verl import DataProto
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.utils.padding import response_to_nested
 
-from recipe.darl.probes import swapped
+from recipe.darl.probes import probe, swapped
 from recipe.darl.robustness.job_ports import JobPortWorkerGroup, port_clash_named
+from recipe.darl.robustness.reward_guard import sanitize_rewards
 from recipe.darl.trainers.batches import loss_inputs, minibatch_index, replay_metrics
 from recipe.darl.trainers.replay_mixin import ReplayStepMixin
 from recipe.darl.trainers.run_guard import RunGuardMixin
@@ -65,6 +67,29 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
                                 saved=self.global_steps in self.__dict__.get("_darl_saved_steps", []))
             self.total_training_steps = self.global_steps
 
+    def _guard_rewards(self, batch: KVBatchMeta, metrics: dict) -> None:
+        """NaN/inf rewards of `batch`'s rows scored 0.0 in TransferQueue before anything reads them (one would turn
+        its group's advantages, then the update, into NaN); counted in faults/nonfinite_rewards."""
+        scores = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["rm_scores"])
+        scores = scores["rm_scores"]
+        flat = scores.values() if scores.is_nested else scores  # jagged rows share one buffer
+        rows = int((~torch.isfinite(scores.to_padded_tensor(0.0) if scores.is_nested else scores)).any(-1).sum())
+        metrics["faults/nonfinite_rewards"] = metrics.get("faults/nonfinite_rewards", 0.0) + rows
+        if rows:
+            sanitize_rewards(flat)
+            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                            fields=tu.get_tensordict({"rm_scores": scores}))
+            print(f"[D-ARL] step {self.global_steps}: {rows} sample(s) with a NaN or infinite reward scored 0.0 "
+                  "(faults/nonfinite_rewards)", flush=True)
+
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        self._guard_rewards(batch, metrics)
+        return super()._compute_advantage(batch, metrics)
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        probe("update", self.global_steps)
+        return super()._update_actor(batch, metrics)
+
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
         if not self.replay.enable:
             return super()._step_once(metrics, timing_raw, sample_batch_size)
@@ -75,6 +100,7 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
             self.on_sample_end()
         if self.reward_loop_manager.reward_loop_worker_handles is None:
             fresh_meta = self._compute_reward_colocate(fresh_meta, metrics=metrics)
+        self._guard_rewards(fresh_meta, metrics)  # before the groups (and the buffer) take the rewards
 
         t0 = time.perf_counter()
         fresh = groups_from_rows(rows_of(tq.kv_batch_get(keys=fresh_meta.keys, partition_id=PARTITION)),

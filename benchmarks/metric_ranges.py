@@ -1,0 +1,75 @@
+"""The observed range of the metrics docs/troubleshooting.md gives healthy ranges for, in verl's jsonl logs or the
+study's archived pipeline runs: per metric the steps seen, min, 5th percentile, median, 95th percentile and max.
+
+    python benchmarks/metric_ranges.py outputs/demo/metrics.jsonl docs/evidence/pipeline_scarce/results.jsonl.gz
+
+A `.jsonl` is verl's file logger ({"step", "data"} per line); a `.jsonl.gz` is a study archive (one run per line,
+its `records` a file logger's lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+# the metrics of the healthy-ranges table (a `sK` suffix stands for every staleness)
+WATCHED = ("replay/staleness_mean", "replay/staleness_max", "replay/selected", "replay/replayed_trained",
+           "replay/skipped_update", "replay/invalid_samples", "replay/truncated_fraction", "replay/m2_gated_fraction",
+           "replay/alpha/sK", "replay/ess_fraction/sK", "actor/rho_bar_mean", "actor/behavior_clipfrac",
+           "actor/pg_clipfrac", "actor/grad_norm", "training/rollout_probs_diff_mean",
+           "training/rollout_probs_diff_max", "faults/nonfinite_rewards", "faults/reward_failed")
+
+
+def sources(path: Path) -> dict[str, list[dict]]:
+    """The step records ({"step", "data"}) of a file logger's jsonl (under the file's name), or of a study archive's
+    runs (under each run's trainer)."""
+    if path.suffix == ".gz":
+        found: dict[str, list[dict]] = {}
+        for line in gzip.open(path, "rt"):
+            if line.strip():
+                run = json.loads(line)
+                found.setdefault(run.get("trainer", path.name), []).extend(run["records"])
+        return found
+    return {path.name: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]}
+
+
+def ranges(steps: list[dict]) -> dict[str, dict[str, float]]:
+    """{metric: {"steps", "min", "p5", "p50", "p95", "max"}} over the steps that log it (`sK` keys pooled)."""
+    values: dict[str, list[float]] = {}
+    for record in steps:
+        for key, value in record["data"].items():
+            name = re.sub(r"/s\d+$", "/sK", key)
+            if name in WATCHED and isinstance(value, (int, float)) and np.isfinite(value):
+                values.setdefault(name, []).append(float(value))
+    out = {}
+    for name in WATCHED:
+        if name in values:
+            v = np.array(values[name])
+            p5, p50, p95 = np.percentile(v, [5, 50, 95]).tolist()
+            out[name] = {"steps": len(v), "min": float(v.min()), "p5": p5, "p50": p50, "p95": p95, "max": float(v.max())}
+    return out
+
+
+def table(found: dict[str, dict[str, float]]) -> str:
+    lines = ["| metric | steps | min | p5 | median | p95 | max |", "|---|---|---|---|---|---|---|"]
+    for name, r in found.items():
+        lines.append(f"| `{name}` | {r['steps']} | " + " | ".join(f"{r[k]:.3g}" for k in ("min", "p5", "p50", "p95", "max"))
+                     + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("logs", type=Path, nargs="+")
+    for path in ap.parse_args().logs:
+        for name, steps in sources(path).items():
+            print(f"{path} ({name})\n\n{table(ranges(steps))}\n")
+
+
+if __name__ == "__main__":
+    main()
