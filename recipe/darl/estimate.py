@@ -33,6 +33,7 @@ from typing import Any, Optional
 import yaml
 
 from recipe.darl.core.config import ReplayConfig
+from recipe.darl.trainer_mode import is_fully_async
 
 GIB = 2**30
 
@@ -102,7 +103,7 @@ def estimate(cfg: dict, mean_response: Optional[float] = None, gpu_gib: float = 
     longest = min(2.5 * mean, float(data["max_response_length"]))
     prompt = min(float(data["max_prompt_length"]) / 2, 250.0)
     n = int(ar["rollout"]["n"])
-    if cfg.get("async_training") is not None:  # fully-async: a step trains require_batches mini-batches
+    if is_fully_async(cfg):  # a step trains require_batches mini-batches (trainer_mode.step_budget, on a plain dict)
         groups = int(ar["actor"]["ppo_mini_batch_size"]) * int(cfg["async_training"].get("require_batches", 1))
     else:
         groups = int(data["train_batch_size"])
@@ -125,7 +126,7 @@ def estimate(cfg: dict, mean_response: Optional[float] = None, gpu_gib: float = 
     rows = train_rows or TRAIN_ROWS.get(dataset or "")
     if trainer.get("total_training_steps"):
         steps = int(trainer["total_training_steps"])
-    elif cfg.get("async_training") is not None and rollout.get("total_rollout_steps"):
+    elif is_fully_async(cfg) and rollout.get("total_rollout_steps"):
         steps = int(rollout["total_rollout_steps"]) // groups  # the rollouter's prompts in all, a step's groups each
     else:
         steps = int(trainer["total_epochs"]) * rows // max(int(data["train_batch_size"]), 1) if rows else None

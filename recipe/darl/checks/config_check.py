@@ -17,6 +17,7 @@ from ..core import group_multiple
 from ..core.config import ReplayConfig, as_list, is_int, is_number
 from ..core.darts import DartsConfig
 from ..rewards.code_reward import SANDBOXES
+from ..trainer_mode import is_fully_async, step_budget
 from ..trainers.console import MODES as CONSOLE_MODES
 
 VERL_DEFAULT_THRESHOLD = 2.0
@@ -92,7 +93,7 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     bypass = bool(corr.get("bypass_mode", False))
     users = [user for on, user in ((enabled, "replay.enable=true (behavior log-probs for the scores and weights)"),
                                    (bypass, "bypass_mode=true (the rollout's log-probs stand for pi_old)"),
-                                   ("async_training" in cfg, "verl's fully-async rollouter")) if on]
+                                   (is_fully_async(cfg), "verl's fully-async rollouter")) if on]
     if users and not arr.rollout.get("calculate_log_probs", False):
         problems.append(f"{users[0]} needs actor_rollout_ref.rollout.calculate_log_probs=true")
     if corr.get("rollout_is") not in (None, "token", "sequence"):
@@ -120,7 +121,7 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
         problems.append("algorithm.rollout_correction.bypass_mode=true with rollout_is/rollout_rs/loss_type set: verl 0.9.1 "
                         "binds the worker's loss at init and would silently ignore them; use bypass_mode=false (decoupled)")
 
-    if "async_training" in cfg:
+    if is_fully_async(cfg):
         problems += fully_async_findings(cfg)[0]
     problems += _batch_problems(cfg, replay_values if enabled else None)
     problems += _launch_problems(cfg, v1)
@@ -154,7 +155,7 @@ def _darts_problems(cfg: DictConfig) -> list[str]:
                         "names every request of a priority alike, so one tail cut would abort other groups' requests")
     agent = rollout.agent
     current = agent.get("agent_loop_manager_class")
-    if "async_training" in cfg:
+    if is_fully_async(cfg):
         if current:
             problems.append(f"rollout_shaping.enable=true with actor_rollout_ref.rollout.agent.agent_loop_manager_class="
                             f"{current}: the fully-async rollouter ignores that key; DARTS installs its own manager there")
@@ -214,14 +215,6 @@ def validate_or_raise(cfg: DictConfig, extra: list[str] | tuple[str, ...] = (), 
     problems += list(extra)
     if problems:
         raise ConfigError("the D-ARL config has {} problem(s):\n  - {}".format(len(problems), "\n  - ".join(problems)))
-
-
-def step_budget(cfg: DictConfig) -> int:
-    """B, the groups a step trains on without replay: `data.train_batch_size` (one-step-off) or, in the
-    fully-async trainer, `ppo_mini_batch_size * async_training.require_batches` prompts from the queue."""
-    if "async_training" in cfg:
-        return int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * int(cfg.async_training.require_batches)
-    return int(cfg.data.train_batch_size)
 
 
 def fully_async_findings(cfg: DictConfig) -> tuple[list[str], list[str]]:
@@ -340,14 +333,14 @@ def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
     if not v1 and uses_critic and cfg.critic.get("strategy") != "fsdp":  # verl's separated trainers build no other
         problems.append(f"critic.strategy={cfg.critic.get('strategy')!r}: verl 0.9.1's one-step-off and fully-async "
                         "trainers build the critic only with strategy fsdp (its FSDP2 engine); set critic.strategy=fsdp")
-    if "async_training" in cfg and cfg.data.get("gen_batch_size") != 1:
+    if is_fully_async(cfg) and cfg.data.get("gen_batch_size") != 1:
         problems.append(f"data.gen_batch_size must be 1 in the fully-async trainer, got {cfg.data.get('gen_batch_size')}")
-    if (("async_training" in cfg or separate) and need_reward_model(cfg)
+    if ((is_fully_async(cfg) or separate) and need_reward_model(cfg)
             and not cfg.reward.reward_model.get("enable_resource_pool")):
         problems.append("reward.reward_model.enable=true needs reward.reward_model.enable_resource_pool=true here: the "
                         "rollout never pauses for a reward model on the rollout's GPUs")
     workers = int(rollout.agent.get("num_workers") or 1)
-    if not v1 and "async_training" not in cfg and (step_budget(cfg) * int(rollout.n)) % workers:
+    if not v1 and not is_fully_async(cfg) and (step_budget(cfg) * int(rollout.n)) % workers:
         problems.append(f"data.train_batch_size x actor_rollout_ref.rollout.n = {step_budget(cfg) * int(rollout.n)} "
                         f"responses must split evenly over actor_rollout_ref.rollout.agent.num_workers={workers}")
     return problems

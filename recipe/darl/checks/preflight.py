@@ -18,7 +18,8 @@ from urllib.parse import urlparse
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from recipe.darl.checks.config_check import resolved_replay_key, step_budget
+from recipe.darl.checks.config_check import resolved_replay_key
+from recipe.darl.trainer_mode import step_budget
 from recipe.darl.checks.data_check import data_problems, local_parquet
 from recipe.darl.core.config import as_list
 

@@ -22,7 +22,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from recipe.darl.workers.actor_loss import darl_loss
 from recipe.darl.robustness.checkpoint_files import read_checked, write_checked
-from recipe.darl.checks.config_check import step_budget
+from recipe.darl.trainer_mode import step_budget
 from recipe.darl.probes import probe, swapped
 from ..core import Group, ReplayBuffer, ReplayConfig, ReplayStep, StepPlan, group_multiple, group_scores, sample_chi2
 from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, minibatch_index, replay_metrics
@@ -38,7 +38,7 @@ class ReplayStepMixin:
         return self.global_steps
 
     def _replay_budget(self) -> int:
-        """B: the groups a step trains on without replay (`checks.config_check.step_budget`)."""
+        """B: the groups a step trains on without replay (`trainer_mode.step_budget`)."""
         return step_budget(self.config)
 
     def _init_replay(self, config) -> None:

@@ -26,7 +26,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopW
 from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncAgentLoopManager
 from verl.utils.ray_utils import auto_await
 
-from ..checks.config_check import step_budget
+from ..trainer_mode import step_budget
 from ..core.darts import DartsConfig, LengthSpreadEma, allocate, dual_end_keep, split_counts
 
 # planning columns, removed before the trainer sees the batch

@@ -1,0 +1,23 @@
+"""Which of verl's V0 trainers a config is for, and what follows from it, in one place.
+
+The entry points fix the trainer (main_darl: one-step-off, main_fully_async, main_v1 with `v1=True`); code that has
+only the config (the checks, the workers, the estimate) asks here. The fully-async config is the one with an
+`async_training` group (verl's fully_async_ppo_trainer.yaml).
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+
+def is_fully_async(cfg: DictConfig) -> bool:
+    """The config is the fully-async trainer's (its `async_training` group)."""
+    return cfg.get("async_training") is not None
+
+
+def step_budget(cfg: DictConfig) -> int:
+    """B, the groups a step trains on without replay: `data.train_batch_size` (one-step-off, V1) or, in the fully-async
+    trainer, `ppo_mini_batch_size * async_training.require_batches` prompts from the queue."""
+    if is_fully_async(cfg):
+        return int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * int(cfg.async_training.require_batches)
+    return int(cfg.data.train_batch_size)
