@@ -18,6 +18,17 @@ consts() { "$PY" -c "from benchmarks.staleness import protocol as p; print(' '.j
 # runs archived in the repository count as done: a study on a new machine resumes where the last one stopped
 "$PY" -m benchmarks.staleness.protocol restore "${ARCHIVE:-docs/evidence/protocol}" "$OUT"
 PYTHON="$PY" JOBS="$JOBS" TASK="$TASK" bash "$here/validate.sh" "$OUT/validation"
+# protocol.md, section 1: no method is compared where stale training is not worse than on-policy training
+if ! "$PY" -m benchmarks.staleness.validation "$OUT/validation/$TASK" --check; then
+    if [[ "$TASK" == scarce ]]; then
+        TASK=arithmetic
+        PYTHON="$PY" JOBS="$JOBS" TASK="$TASK" bash "$here/validate.sh" "$OUT/validation"
+    fi
+    if ! "$PY" -m benchmarks.staleness.validation "$OUT/validation/$TASK" --check; then
+        echo "no regime validated: no method comparison runs (docs/evidence/protocol.md, section 1)" >&2
+        exit 1
+    fi
+fi
 LR=$("$PY" -c "
 from pathlib import Path; from benchmarks.staleness.validation import by_lr, best_lr
 print(format(best_lr(by_lr(Path('$OUT/validation/$TASK'))), 'g'))")

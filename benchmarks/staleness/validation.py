@@ -102,12 +102,31 @@ def report(root: Path, min_seeds: int = 1) -> str:
     return text
 
 
+def validated(root: Path, stalenesses: tuple[int, ...] = (4, 8), seeds: int = 8) -> bool:
+    """The regime under `root` models the problem (docs/evidence/protocol.md, section 1): at sync's best learning rate
+    every baseline at every s of `stalenesses`, paired with sync over `seeds` seeds, ends below it (interval < 0)."""
+    runs = by_lr(root)
+    lr = best_lr(runs) if runs else None
+    if lr is None:
+        return False
+    rows = staleness_rows(runs[lr])
+    needed = {(s, m) for s in stalenesses for m in STALE_BASELINES}
+    done = {(r["s"], r["method"]) for r in rows if r["seeds"] >= seeds}
+    return needed <= done and all(r["hurts"] for r in rows if (r["s"], r["method"]) in needed)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("root", type=Path, help="a folder of lr<LR>/results.jsonl studies")
     p.add_argument("--min-seeds", type=int, default=1, help="sync seeds a learning rate needs to be chosen")
     p.add_argument("--out", type=Path)
+    p.add_argument("--check", action="store_true", help="exit 0 when the regime is validated, 1 otherwise")
     args = p.parse_args(argv)
+    if args.check:
+        ok = validated(args.root)
+        print(f"{args.root}: {'validated' if ok else 'not validated'}: staleness "
+              f"{'hurts' if ok else 'does not hurt'} in every cell at s = 4 and 8 over 8 paired seeds")
+        return 0 if ok else 1
     text = report(args.root, args.min_seeds)
     print(text)
     if args.out:

@@ -58,6 +58,28 @@ def test_validation_picks_syncs_best_rate_and_asks_every_stale_interval_below_ze
     assert not cells["naive"]["hurts"] and cells["naive"]["side_by_side"] == 0  # +2, 0, -2: within noise; other host
 
 
+def test_the_study_goes_on_only_in_a_validated_regime(tmp_path):
+    """protocol.sh runs the development stage only where every baseline at s = 4 and 8 ends below sync over 8
+    paired seeds (`validation --check`): a missing cell, too few seeds or one interval reaching zero stop it."""
+    from benchmarks.staleness.validation import validated
+
+    def write(runs):
+        folder = tmp_path / "lr0.0002"
+        folder.mkdir(exist_ok=True)
+        (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+
+    sync = [run("sync", 0, x, 0.50 + 0.01 * x, 2e-4) for x in range(8)]
+    stale = [run(m, s, x, 0.30 + 0.01 * x, 2e-4) for m in ("decoupled", "naive") for s in (4, 8) for x in range(8)]
+    write(sync + stale)
+    assert validated(tmp_path)
+    write(sync + stale[:-1])  # naive at s = 8 has 7 seeds
+    assert not validated(tmp_path)
+    write(sync + [r for r in stale if r["staleness"] == 4])  # s = 8 not run
+    assert not validated(tmp_path)
+    write(sync + stale[:-1] + [run("naive", 8, 7, 0.90, 2e-4)])  # one seed far above sync: the interval reaches 0
+    assert not validated(tmp_path)
+
+
 def test_the_preset_is_chosen_by_the_development_score_and_ties_go_first():
     seeds = (0, 1)
     results = [run(m, s, x, f) for s in (4, 8) for x in seeds for m, f in
