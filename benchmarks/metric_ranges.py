@@ -1,10 +1,10 @@
 """The observed range of the metrics docs/troubleshooting.md gives healthy ranges for, in verl's jsonl logs or the
 study's archived pipeline runs: per metric the steps seen, min, 5th percentile, median, 95th percentile and max.
 
-    python benchmarks/metric_ranges.py outputs/demo/metrics.jsonl docs/evidence/pipeline_scarce/results.jsonl.gz
+    python benchmarks/metric_ranges.py docs/evidence/demo/metrics.jsonl.gz docs/evidence/pipeline_scarce/results.jsonl.gz
 
-A `.jsonl` is verl's file logger ({"step", "data"} per line); a `.jsonl.gz` is a study archive (one run per line,
-its `records` a file logger's lines).
+A file is verl's file logger ({"step", "data"} per line) or a study archive (one run per line, its `records` a file
+logger's lines), gzipped or not.
 """
 
 from __future__ import annotations
@@ -22,20 +22,22 @@ WATCHED = ("replay/staleness_mean", "replay/staleness_max", "replay/selected", "
            "replay/skipped_update", "replay/invalid_samples", "replay/truncated_fraction", "replay/m2_gated_fraction",
            "replay/alpha/sK", "replay/ess_fraction/sK", "actor/rho_bar_mean", "actor/behavior_clipfrac",
            "actor/pg_clipfrac", "actor/grad_norm", "training/rollout_probs_diff_mean",
-           "training/rollout_probs_diff_max", "faults/nonfinite_rewards", "faults/reward_failed")
+           "training/rollout_probs_diff_max", "rollout_corr/kl", "rollout_corr/rollout_is_mean",
+           "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/rollout_is_ratio_fraction_high",
+           "faults/nonfinite_rewards", "faults/reward_failed")
 
 
 def sources(path: Path) -> dict[str, list[dict]]:
     """The step records ({"step", "data"}) of a file logger's jsonl (under the file's name), or of a study archive's
-    runs (under each run's trainer)."""
-    if path.suffix == ".gz":
-        found: dict[str, list[dict]] = {}
-        for line in gzip.open(path, "rt"):
-            if line.strip():
-                run = json.loads(line)
-                found.setdefault(run.get("trainer", path.name), []).extend(run["records"])
-        return found
-    return {path.name: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]}
+    runs (under each run's trainer); either may be gzipped."""
+    text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if lines and "records" not in lines[0]:
+        return {path.name: lines}
+    found: dict[str, list[dict]] = {}
+    for run in lines:
+        found.setdefault(run.get("trainer", path.name), []).extend(run["records"])
+    return found
 
 
 def ranges(steps: list[dict]) -> dict[str, dict[str, float]]:
