@@ -91,6 +91,21 @@ def test_the_validation_table_is_the_archive():
     assert block.strip() == report(ROOT / "docs" / "evidence" / "protocol" / "validation" / "scarce").strip()
 
 
+def test_the_metric_ranges_are_the_logs():
+    """docs/evidence/metric_ranges.md's tables are what benchmarks/metric_ranges.py computes from the archived logs,
+    and troubleshooting.md's demo column quotes them."""
+    cmd = re.search(r"`python (benchmarks/metric_ranges.py [^`]*)`", (ROOT / "docs/evidence/metric_ranges.md").read_text())
+    out = subprocess.run([sys.executable, *cmd.group(1).split()], capture_output=True, text=True, timeout=120,
+                         check=True, cwd=ROOT).stdout
+    page = (ROOT / "docs/evidence/metric_ranges.md").read_text()
+    assert out.strip() in page
+    from benchmarks.metric_ranges import ranges, sources
+
+    (demo,) = sources(ROOT / "docs/evidence/demo/metrics.jsonl.gz").values()
+    grad = ranges(demo)["actor/grad_norm"]
+    assert f"| {grad['p5']:.2f}-{grad['p95']:.2f} |" in (ROOT / "docs/troubleshooting.md").read_text()
+
+
 def test_core_example_runs_as_written():
     """docs/algorithm.md's one-step example selects the fresh groups first, then the least reused."""
     (code,) = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "algorithm.md").read_text(), re.S)
