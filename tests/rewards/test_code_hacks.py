@@ -401,12 +401,15 @@ programs = {
     "write under /usr": "open('/usr/darl_hack', 'w')\nprint(3)",
 }
 memory = {"150 MB": "x = b'x' * (150 << 20)\nprint(3)",
-          "5 x 150 MB": "import os, time\nr, w = os.pipe()\nfor _ in range(5):\n    if os.fork() == 0:\n"
+          # forked through libc: the limits level's in-process guard (os.fork refused) is not what stops it
+          "5 x 150 MB": "import ctypes, os, time\nr, w = os.pipe()\nfor _ in range(5):\n    if ctypes.CDLL(None).fork() == 0:\n"
                         "        x = b'x' * (150 << 20)\n        os.write(w, b'1')\n        time.sleep(30)\n"
                         "got = b''\nwhile len(got) < 5:\n    got += os.read(r, 5)\nprint(3)"}
 print(json.dumps({"level": c.sandbox_level("namespaces"),
                   **{k: c.compute_score(f"```python\n{v}\n```", S, sandbox="namespaces") for k, v in programs.items()},
                   **{k: c.compute_score(f"```python\n{v}\n```", S, sandbox="namespaces", memory_mb=200)
+                     for k, v in memory.items()},
+                  **{f"limits: {k}": c.compute_score(f"```python\n{v}\n```", S, sandbox="limits", memory_mb=200)
                      for k, v in memory.items()}}))
 '''
 
@@ -414,7 +417,8 @@ print(json.dumps({"level": c.sandbox_level("namespaces"),
 def test_as_a_non_root_trainer_the_program_holds_no_capability_over_its_mounts():
     """The scorer run by an unprivileged user (`nobody`, with the system's own Python: the runner needs only the
     standard library): honest programs pass, run as uid 1000 of a nested user namespace, and cannot remount the
-    sandbox's read-only binds writable, directly or from yet another namespace."""
+    sandbox's read-only binds writable, directly or from yet another namespace; at both levels five processes of
+    150 MB cannot all hold under a 200 MB limit (no cgroup for this user: no second process)."""
     python = shutil.which("python3", path="/usr/bin")
     if os.getuid() != 0 or not python or not shutil.which("runuser"):
         pytest.skip("needs root (to become nobody), runuser and /usr/bin/python3")
@@ -436,5 +440,6 @@ def test_as_a_non_root_trainer_the_program_holds_no_capability_over_its_mounts()
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {"level": "namespaces", "honest": 1.0, "uid 1000": 1.0, "remount": 0.0,
-                   "nested namespace, then remount": 0.0, "write under /usr": 0.0, "150 MB": 1.0, "5 x 150 MB": 0.0}, got
+                   "nested namespace, then remount": 0.0, "write under /usr": 0.0, "150 MB": 1.0, "5 x 150 MB": 0.0,
+                   "limits: 150 MB": 1.0, "limits: 5 x 150 MB": 0.0}, got
     assert not Path("/usr/darl_hack").exists()
