@@ -12,6 +12,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.darl.checks.config_check import validate_or_raise
+from recipe.darl.checks.fixups import apply_fixups
 from recipe.darl.robustness.run_records import keep_run_records
 from recipe.darl.robustness.stop_request import install_stop_signal
 from recipe.darl.checks.preflight import preflight
@@ -26,16 +27,17 @@ def rewrite_plus_overrides(argv: list[str]) -> list[str]:
 
 
 def prepare_config(config: DictConfig, v1: bool = False) -> DictConfig:
-    """Aliases, checks (raising `ConfigError` before Ray starts), the attention fallback, the rollout resource copy
+    """The fix-ups (checks/fixups.py), checks (raising `ConfigError` before Ray starts), the rollout resource copy
     every trainer makes, and verl's own `validate_config`, which the one-step-off and V1 task runners run only after
     Ray starts (v1: verl's V1 trainer's config; the fully-async task runner runs none)."""
     from verl.trainer.main_ppo import need_critic, need_reference_policy, validate_config
     from verl.utils.device import auto_set_device
 
-    problems, lines = preflight(config)  # wandb credentials; sdpa when flash_attn cannot be imported
-    for line in lines:
+    contradictions, changes = apply_fixups(config)  # the only place D-ARL changes the composed config
+    problems, lines = preflight(config)  # wandb credentials, the data, the per-prompt store's bound
+    for line in changes + lines:
         print(line, file=sys.stderr)
-    validate_or_raise(config, extra=problems, v1=v1)
+    validate_or_raise(config, extra=contradictions + problems, v1=v1)
     auto_set_device(config)
     if "rollout" in config:  # the V0 trainers' rollout GPUs (V1 reads actor_rollout_ref.rollout's own)
         config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes

@@ -208,5 +208,5 @@ def test_the_prompt_store_line_without_rows_and_when_off(tmp_path):
     assert preflight.parquet_rows([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]) == 8
     assert preflight.parquet_rows([str(tmp_path / "a.parquet"), "hdfs://x/c.parquet"]) is None
     cfg = _compose(*_STORE, f"data.train_files={tmp_path / 'b.parquet'}", "++faults.check_data=false")
-    lines = preflight.preflight(cfg, importable=lambda: True, env={"WANDB_MODE": "offline"})[1]
+    lines = preflight.preflight(cfg, env={"WANDB_MODE": "offline"})[1]
     assert any("holds at most 80 responses" in line for line in lines)  # 5 prompts x 16

@@ -3,14 +3,15 @@
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.darl.checks.config_check import ConfigError, apply_compat_aliases, check_config, validate_or_raise
+from recipe.darl.checks.config_check import ConfigError, check_config, validate_or_raise
+from recipe.darl.checks.fixups import apply_compat_aliases, apply_fixups
 from recipe.darl.main_darl import rewrite_plus_overrides
 
 REPLAY_ON = ("replay.enable=true", "algorithm.rollout_correction.bypass_mode=false")
 
 
 def problems(cfg):
-    return apply_compat_aliases(cfg) + check_config(cfg)
+    return apply_fixups(cfg, importable=lambda: True)[0] + check_config(cfg)
 
 
 def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
@@ -75,7 +76,7 @@ def test_every_problem_is_reported_at_once(compose_config):
     cfg = compose_config("replay.enable=true", "replay.k=0", "replay.warmup=-2", "actor_rollout_ref.hybrid_engine=true",
                          "actor_rollout_ref.model.path=/no/such/model")
     with pytest.raises(ConfigError) as err:
-        validate_or_raise(cfg)
+        validate_or_raise(cfg, extra=apply_fixups(cfg)[0])
     text = str(err.value)
     for key in ("replay.k", "replay.warmup", "hybrid_engine", "bypass_mode", "actor_rollout_ref.model.path"):
         assert key in text
@@ -112,6 +113,10 @@ def test_rollout_is_alias_means_decoupled_unless_bypass_was_set(compose_config):
     assert problems(plain) == [] and plain.algorithm.rollout_correction.bypass_mode is True
     # explicitly false agrees; explicitly true contradicts the alias
     assert problems(compose_config("algorithm.rollout_is=true", "algorithm.rollout_correction.bypass_mode=false")) == []
+    again = compose_config("algorithm.rollout_is=true")
+    assert apply_fixups(again, importable=lambda: True)[1] == [
+        "[D-ARL] config: algorithm.rollout_is (the original repository's) -> algorithm.rollout_correction.rollout_is="
+        "token, rollout_is_threshold=2.0, bypass_mode=False"]  # what the entry point prints
     found = problems(compose_config("algorithm.rollout_is=true", "algorithm.rollout_correction.bypass_mode=true"))
     assert any("algorithm.rollout_is=true" in p and "bypass_mode=true" in p for p in found)
 
@@ -179,7 +184,7 @@ def test_each_fully_async_launch_problem_names_its_key(compose_config, overrides
 
 
 def v1_problems(cfg):
-    return apply_compat_aliases(cfg) + check_config(cfg, v1=True)
+    return apply_fixups(cfg, importable=lambda: True)[0] + check_config(cfg, v1=True)
 
 
 def test_the_v1_config_and_a_replay_setup_are_valid(compose_config):

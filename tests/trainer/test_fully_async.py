@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 from ray import cloudpickle
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from recipe.darl.checks.config_check import apply_compat_aliases, check_config, fully_async_findings, validate_or_raise
+from recipe.darl.checks.config_check import check_config, fully_async_findings, validate_or_raise
+from recipe.darl.checks.fixups import apply_compat_aliases, apply_fixups
 from recipe.darl.core import ReplayConfig, ReplayStep
 from recipe.darl.trainers.task_runners import DarlFullyAsyncTaskRunner, DarlTaskRunner
 from recipe.darl.trainers.fully_async import DarlFullyAsyncTrainer, DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase
@@ -71,7 +72,8 @@ def test_fully_async_checks_name_the_keys_and_numbers(compose_config):
     apply_compat_aliases(wrong_batch)
     assert any("data.train_batch_size must be 0" in p for p in check_config(wrong_batch))
     with pytest.raises(ValueError, match="bypass_mode=true"):
-        validate_or_raise(_fa(compose_config, "algorithm.rollout_correction.bypass_mode=true"))
+        bad_mode = _fa(compose_config, "algorithm.rollout_correction.bypass_mode=true")
+        validate_or_raise(bad_mode, extra=apply_fixups(bad_mode)[0])
 
 
 def test_the_ray_actor_wraps_the_replay_trainer():
@@ -134,7 +136,7 @@ def make_fa_trainer(cfg, deltas: dict[str, float]) -> DarlFullyAsyncTrainerImpl:
 def test_replay_step_on_fully_async_hooks_uses_param_versions_and_survives_load_checkpoint(compose_config, batch_maker,
                                                                                         state_equal):
     cfg = _fa(compose_config, "replay.warmup=0", "async_training.require_batches=2", "trainer.resume_mode=auto")
-    validate_or_raise(cfg)
+    validate_or_raise(cfg, extra=apply_fixups(cfg)[0])
     deltas: dict[str, float] = {}
     trainer = make_fa_trainer(cfg, deltas)
     assert trainer._replay_budget() == 4  # ppo_mini_batch_size 2 x require_batches 2

@@ -17,6 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from verl import DataProto
 
 from recipe.darl.checks.config_check import validate_or_raise
+from recipe.darl.checks.fixups import apply_fixups
 from recipe.darl.core import ReplayConfig, ReplayStep
 from recipe.darl.trainers.one_step_off import BUFFER_FILE, DarlTrainer
 
@@ -93,7 +94,7 @@ def replay_cfg(compose_config):
             "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1",
             "actor_rollout_ref.rollout.agent.num_workers=1", *design, *extra,
         )
-        validate_or_raise(cfg)
+        validate_or_raise(cfg, extra=apply_fixups(cfg)[0])
         return cfg
     return _cfg
 
@@ -157,7 +158,7 @@ def test_replay_disabled_is_plain_one_step_off(compose_config, batch_maker):
     cfg = compose_config("algorithm.rollout_correction.bypass_mode=false", "algorithm.rollout_is=true",
                          "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=2",
                          "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.agent.num_workers=1")
-    validate_or_raise(cfg)
+    validate_or_raise(cfg, extra=apply_fixups(cfg)[0])
     batch = batch_maker(versions=[0, 0, 0], rewards=[[1, 0], [0, 1], [1, 1]])
     trainer = make_trainer(cfg, {u: 0.2 for u in uids(batch)})
     assert trainer.buffer is not None and not trainer.replay.enable

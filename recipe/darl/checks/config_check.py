@@ -1,7 +1,5 @@
-"""Checks of a composed D-ARL config, run before Ray starts; every problem is reported at once.
-
-Also maps the verl-0.6 aliases of the original D-ARL repository, `algorithm.rollout_is` (bool) and
-`algorithm.rollout_is_threshold` (float) onto verl 0.9.1's `algorithm.rollout_correction`.
+"""Checks of a composed D-ARL config, run before Ray starts; every problem is reported at once. They read the
+config and never change it: what D-ARL changes is in checks/fixups.py, applied first.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from ..rewards.code_reward import SANDBOXES
 from ..trainer_mode import is_fully_async, step_budget
 from ..trainers.console import MODES as CONSOLE_MODES
 
-VERL_DEFAULT_THRESHOLD = 2.0
 GROUP_ESTIMATORS = {"grpo", "rloo", "grpo_passk", "opo", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline"}
 
 
@@ -28,48 +25,11 @@ class ConfigError(ValueError):
     """A config the D-ARL trainer cannot run; the message lists every problem, one per line."""
 
 
-def apply_compat_aliases(cfg: DictConfig) -> list[str]:
-    """Moves `algorithm.rollout_is(_threshold)` onto `algorithm.rollout_correction`; returns the contradictions."""
-    problems = []
-    algo = cfg.algorithm
-    corr = algo.rollout_correction
-    alias_is = algo.get("rollout_is", None)
-    alias_thr = algo.get("rollout_is_threshold", None)
-    if alias_is is not None:
-        if not isinstance(alias_is, bool):
-            problems.append(f"algorithm.rollout_is must be a bool (an alias from the original D-ARL repository), got {alias_is!r}")
-        elif alias_is and corr.rollout_is not in (None, "token"):
-            problems.append(f"algorithm.rollout_is=true (token-level IS) contradicts "
-                            f"algorithm.rollout_correction.rollout_is={corr.rollout_is!r}")
-        elif not alias_is and corr.rollout_is is not None:
-            problems.append(f"algorithm.rollout_is=false contradicts algorithm.rollout_correction.rollout_is={corr.rollout_is!r}")
-        elif alias_is:
-            corr.rollout_is = "token"
-            # in the original repository's verl, rollout_is meant IS weights from old log-probs the trainer recomputes
-            if corr.get("bypass_mode") is True:
-                problems.append("algorithm.rollout_is=true (decoupled IS, as in the original D-ARL repository) contradicts "
-                                "algorithm.rollout_correction.bypass_mode=true; drop one of them")
-            corr.bypass_mode = False
-    if alias_thr is not None:
-        current = corr.rollout_is_threshold
-        if is_number(current) and float(current) not in (float(VERL_DEFAULT_THRESHOLD), float(alias_thr)):
-            problems.append(f"algorithm.rollout_is_threshold={alias_thr} contradicts "
-                            f"algorithm.rollout_correction.rollout_is_threshold={current}")
-        else:
-            corr.rollout_is_threshold = alias_thr
-    if corr.get("bypass_mode") is None:
-        corr.bypass_mode = True  # one-step-off's default
-    with open_dict(algo):  # verl's AlgoConfig dataclass does not know the aliases
-        algo.pop("rollout_is", None)
-        algo.pop("rollout_is_threshold", None)
-    return problems
-
-
 V1_MODES = ("colocate_async", "separate_async")
 
 
 def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
-    """Every problem of a composed config (after `apply_compat_aliases`), each naming its key; v1: the config of
+    """Every problem of a composed config (after `fixups.apply_fixups`), each naming its key; v1: the config of
     verl's V1 trainer (recipe.darl.main_v1)."""
     problems: list[str] = []
     replay_values: dict[str, Any] = OmegaConf.to_container(cfg.get("replay", {}) or {}, resolve=True)
@@ -138,8 +98,8 @@ NO_REQUEST_ABORT = ("sglang", "trtllm")  # verl 0.9.1's servers without a per-re
 
 
 def _darts_problems(cfg: DictConfig) -> list[str]:
-    """`rollout_shaping.*` (DARTS); when on, the one-step-off trainer's rollout manager is DARTS' (the fully-async
-    trainer installs it in its rollouter, trainers/run_guard.py)."""
+    """`rollout_shaping.*` (DARTS); when on, the one-step-off trainer's rollout manager must be DARTS' (set by
+    `fixups.install_darts_manager`; the fully-async trainer installs it in its rollouter, trainers/run_guard.py)."""
     values: dict[str, Any] = OmegaConf.to_container(cfg.get("rollout_shaping", {}) or {}, resolve=True)
     n = int(cfg.actor_rollout_ref.rollout.n)
     problems = DartsConfig.problems_of(values, n)
@@ -153,18 +113,14 @@ def _darts_problems(cfg: DictConfig) -> list[str]:
     if rollout.get("full_determinism", False):
         problems.append("rollout_shaping.enable=true with actor_rollout_ref.rollout.full_determinism=true: verl then "
                         "names every request of a priority alike, so one tail cut would abort other groups' requests")
-    agent = rollout.agent
-    current = agent.get("agent_loop_manager_class")
+    current = rollout.agent.get("agent_loop_manager_class")
     if is_fully_async(cfg):
         if current:
             problems.append(f"rollout_shaping.enable=true with actor_rollout_ref.rollout.agent.agent_loop_manager_class="
                             f"{current}: the fully-async rollouter ignores that key; DARTS installs its own manager there")
-    elif current and current != SHAPING_MANAGER:
+    elif current != SHAPING_MANAGER:
         problems.append(f"rollout_shaping.enable=true needs DARTS' rollout manager, but actor_rollout_ref.rollout.agent."
                         f"agent_loop_manager_class={current}")
-    else:
-        with open_dict(agent):  # a key of verl's AgentLoopConfig that its yaml leaves out
-            agent.agent_loop_manager_class = SHAPING_MANAGER
     return problems
 
 
@@ -209,10 +165,9 @@ def _v1_problems(cfg: DictConfig, replay: bool) -> list[str]:
 
 
 def validate_or_raise(cfg: DictConfig, extra: list[str] | tuple[str, ...] = (), v1: bool = False) -> None:
-    """Applies the aliases and raises `ConfigError` listing every problem (`extra`: found by the caller)."""
-    problems = apply_compat_aliases(cfg)
-    problems += check_config(cfg, v1)
-    problems += list(extra)
+    """Raises `ConfigError` listing every problem of `check_config` and `extra` (found by the caller: the fix-ups'
+    contradictions, preflight)."""
+    problems = check_config(cfg, v1) + list(extra)
     if problems:
         raise ConfigError("the D-ARL config has {} problem(s):\n  - {}".format(len(problems), "\n  - ".join(problems)))
 

@@ -137,10 +137,11 @@ def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None
     return line
 
 
-def preflight(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_importable,
-              env: Mapping[str, str] | None = None, home: str | None = None) -> tuple[list[str], list[str]]:
+def preflight(cfg: DictConfig, env: Mapping[str, str] | None = None,
+              home: str | None = None) -> tuple[list[str], list[str]]:
     """(problems, lines to print): the logger check, the data check (checks/data_check.py: rows without ground
-    truth, empty or overlong prompts), the attention fallback applied to `cfg`, and the per-prompt store's bound."""
-    lines = [select_attention(cfg, importable), prompt_store_line(cfg)]
+    truth, empty or overlong prompts) and the per-prompt store's bound. (The attention fallback, `select_attention`,
+    is a fix-up: checks/fixups.py applies it.)"""
+    lines = [prompt_store_line(cfg)]
     data, data_lines = data_problems(cfg)
     return logger_problems(cfg, env, home) + data, [line for line in lines if line] + data_lines
