@@ -19,16 +19,16 @@ ROOT = Path("/sys/fs/cgroup")
 _names = itertools.count()
 
 
-def _own(controller: str) -> tuple[Path, str] | None:
-    """(the folder of this process's cgroup, "v2" | "v1") for the memory controller, or None."""
+def _own() -> tuple[Path, str] | None:
+    """(the folder of this process's memory cgroup, "v2" | "v1"), or None."""
     lines = Path("/proc/self/cgroup").read_text().splitlines()
     if (ROOT / "cgroup.controllers").exists():  # the unified hierarchy mounted at the root
         path = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
         return (ROOT / path.lstrip("/"), "v2") if path is not None else None
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
-            return ROOT / controller / path.lstrip("/"), "v1"
+        if "memory" in controllers.split(","):
+            return ROOT / "memory" / path.lstrip("/"), "v1"
     return None
 
 
@@ -42,7 +42,7 @@ class ProgramCgroup:
     def create(cls, memory_mb: int) -> ProgramCgroup | None:
         """A new cgroup limited to `memory_mb` MiB (no swap), or None where this process may not make one."""
         try:
-            own = _own("memory")
+            own = _own()
             if own is None:
                 return None
             parent, version = own
