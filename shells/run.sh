@@ -305,10 +305,14 @@ log "nodes: ${NODES[*]} (head $HEAD at $RAY_ADDRESS), $GPUS_PER_NODE GPU and $CP
 RAY_PIDS=()
 cleanup() {
     [[ "$DRY_RUN" == 1 ]] && return 0
-    for node in "${NODES[@]}"; do
-        srun --overlap --nodes=1 --ntasks=1 --nodelist="$node" ray stop --force >/dev/null 2>&1 || true
+    # this job's Ray only: srun passes SIGTERM to each node's `ray start --block`, which stops the processes it
+    # started (a `ray stop` would stop every Ray of this user on the node, another job's included)
+    for pid in "${RAY_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    local deadline=$(( SECONDS + ${RAY_STOP_WAIT_S:-30} ))
+    for pid in "${RAY_PIDS[@]}"; do
+        while kill -0 "$pid" 2>/dev/null && (( SECONDS < deadline )); do sleep 1; done
+        kill -KILL "$pid" 2>/dev/null || true
     done
-    for pid in "${RAY_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
 }
 REQUEUE=0 STOP_DEADLINE=0
 on_usr1() {  # --signal=B:USR1@600: the time limit is near

@@ -46,6 +46,7 @@ sinfo
 
 # a job: run.sh submits itself, starts Ray with srun and runs the CPU script on the tests' transformers rollout (the
 # CPU scripts' vLLM engine would double the time); its resources are logical, as the CPU scripts' own Ray cluster's
+RAY="$(dirname "$PY")/ray"
 export GPU_CHECK=0 CPUS_PER_NODE=32 GPUS_PER_NODE=4 RAY_HEAD_DELAY_S=5 ROLLOUT=hf LOG_DIR="$WORK/logs" PYTHON="$PY"
 export PYTHONPATH="$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}" VERL_USE_EXTERNAL_MODULES=hf_rollout TEST_FREQ=-1
 mkdir -p "$LOG_DIR"
@@ -66,9 +67,11 @@ wait_done() {  # wait_done ID SECONDS: until Slurm forgets the job or it ends
 }
 fail() { log "FAILED: $*"; exit 1; }
 # a cancelled job can leave its Ray head's address file behind, which a later plain ray.init() would join
-trap 'ray stop --force >/dev/null 2>&1 || true; rm -f /tmp/ray/ray_current_cluster' EXIT
+trap '"$RAY" stop --force >/dev/null 2>&1 || true; rm -f /tmp/ray/ray_current_cluster' EXIT
 
-log "1. a job trains under sbatch"
+log "1. a job trains under sbatch, beside another Ray on the node that its end leaves running"
+"$RAY" start --head --port=6390 --dashboard-port=6391 --num-cpus=1 --disable-usage-stats > "$WORK/bystander.log" 2>&1 \
+    || fail "the bystander Ray did not start: $WORK/bystander.log"
 rm -rf "$WORK/train"
 id="$(submit darltrain "--time=00:15:00" OUT_DIR="$WORK/train" STEPS=4 SAVE_FREQ=2)"
 wait_done "$id" 900 || fail "job $id"
@@ -77,6 +80,11 @@ grep -q "ray start --head" "$LOG_DIR/darltrain-$id.out" || fail "no Ray head sta
 grep -q "\[darl\] step 4/4" "$run_log" || fail "no step 4 in $run_log"
 grep -q "exited with status 0" "$LOG_DIR/darltrain-$id.out" || fail "the script failed: $LOG_DIR/darltrain-$id.out"
 log "job $id trained 4 steps: $(grep -a -o '\[darl\] step 4/4.*' "$run_log" | head -1)"
+"$RAY" status --address=127.0.0.1:6390 > /dev/null 2>&1 || fail "job $id stopped another Ray on its node"
+raylets="$(pgrep -c -f 'ray/core/src/ray/raylet/raylet' || true)"
+(( raylets == 1 )) || fail "job $id left its Ray running ($raylets raylets on the node, the bystander's included)"
+log "job $id stopped its own Ray and left the bystander's running"
+"$RAY" stop --force > /dev/null 2>&1 || true
 
 log "2. a time limit's signal saves at a step boundary; the requeued job resumes with the buffer"
 rm -rf "$WORK/requeue"

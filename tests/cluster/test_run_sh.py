@@ -98,7 +98,7 @@ def test_job_starts_ray_on_every_node_then_the_script(slurm):
     assert any(x.startswith("srun --overlap --nodes=1 --ntasks=1 --nodelist=gpu1 ray start --head") for x in c)
     assert {x.split("--nodelist=")[1].split()[0] for x in c if "ray start --address" in x and x.startswith("srun")} == {"gpu2", "gpu3"}
     assert any(x.startswith(f"ray status --address=10.1.2.3:{RAY}") for x in c)
-    assert sum(x.startswith("ray stop") for x in c) == 3  # cleanup on every node
+    assert not [x for x in c if x.startswith("ray stop")]  # never every Ray of the node: another job's may run there
     log = (tmp / "logs" / "darl-777-restart1.log").read_text()  # per job and restart
     assert "ARGS: x=1 y=two words" in log
     assert f"RAY_ADDRESS=10.1.2.3:{RAY} PYTHONPATH={ROOT}" in log and "NCCL_DEBUG=WARN" in log
