@@ -33,7 +33,7 @@ from typing import Any, Optional
 import yaml
 
 from recipe.darl.core.config import ReplayConfig
-from recipe.darl.trainer_mode import is_fully_async
+from recipe.darl.trainer_mode import is_fully_async, step_budget
 
 GIB = 2**30
 
@@ -103,10 +103,7 @@ def estimate(cfg: dict, mean_response: Optional[float] = None, gpu_gib: float = 
     longest = min(2.5 * mean, float(data["max_response_length"]))
     prompt = min(float(data["max_prompt_length"]) / 2, 250.0)
     n = int(ar["rollout"]["n"])
-    if is_fully_async(cfg):  # a step trains require_batches mini-batches (trainer_mode.step_budget, on a plain dict)
-        groups = int(ar["actor"]["ppo_mini_batch_size"]) * int(cfg["async_training"].get("require_batches", 1))
-    else:
-        groups = int(data["train_batch_size"])
+    groups = step_budget(cfg)
     replay = cfg.get("replay") or {}
     ratio = ReplayConfig.from_dict(replay).resolved("ratio") if replay.get("enable") else None
     trained_groups = groups * (1 + (ratio or 0))  # additive replay trains up to `ratio` more groups than fresh ones

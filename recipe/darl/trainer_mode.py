@@ -18,6 +18,6 @@ def is_fully_async(cfg: DictConfig) -> bool:
 def step_budget(cfg: DictConfig) -> int:
     """B, the groups a step trains on without replay: `data.train_batch_size` (one-step-off, V1) or, in the fully-async
     trainer, `ppo_mini_batch_size * async_training.require_batches` prompts from the queue."""
-    if is_fully_async(cfg):
-        return int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * int(cfg.async_training.require_batches)
-    return int(cfg.data.train_batch_size)
+    if is_fully_async(cfg):  # (item access: a DictConfig or its plain container, as the estimate reads)
+        return int(cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]) * int(cfg["async_training"]["require_batches"])
+    return int(cfg["data"]["train_batch_size"])

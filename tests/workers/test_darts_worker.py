@@ -205,7 +205,7 @@ def test_an_aborted_rows_earlier_turns_are_counted():
     assert row.decoded == {"task": 10} and 0 < row.aborted_tokens < 20
 
 
-def test_a_row_cancelled_while_the_balancer_answers_releases_its_server():
+def test_a_row_cancelled_while_the_balancer_answers_releases_its_server(monkeypatch):
     released: list[tuple] = []
 
     async def acquire(request_id, **extra):
@@ -215,11 +215,8 @@ def test_a_row_cancelled_while_the_balancer_answers_releases_its_server():
     client = SimpleNamespace(_acquire_server=acquire, _release_server=lambda sid, request_id=None: released.append(
         (sid, request_id)))
     worker = object.__new__(DartsAgentLoopWorker)
-    AgentLoopWorker.__init__ = lambda self, *a, **k: None  # restored below: only the client wrapping is under test
-    try:
-        DartsAgentLoopWorker.__init__(worker, None, client)
-    finally:
-        del AgentLoopWorker.__init__
+    monkeypatch.setattr(AgentLoopWorker, "__init__", lambda self, *a, **k: None)  # only the client wrapping is tested
+    DartsAgentLoopWorker.__init__(worker, None, client)
 
     async def scenario():
         task = asyncio.create_task(client._acquire_server("r1"))

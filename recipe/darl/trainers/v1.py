@@ -72,18 +72,18 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
         its group's advantages, then the update, into NaN); counted in faults/nonfinite_rewards."""
         scores = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["rm_scores"])
         scores = scores["rm_scores"]
-        flat = scores.values() if scores.is_nested else scores  # jagged rows share one buffer
         rows = int((~torch.isfinite(scores.to_padded_tensor(0.0) if scores.is_nested else scores)).any(-1).sum())
-        metrics["faults/nonfinite_rewards"] = metrics.get("faults/nonfinite_rewards", 0.0) + rows
+        metrics["faults/nonfinite_rewards"] = float(rows)
         if rows:
-            sanitize_rewards(flat)
+            sanitize_rewards(scores.values() if scores.is_nested else scores)  # jagged rows share one buffer
             tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
                             fields=tu.get_tensordict({"rm_scores": scores}))
             print(f"[D-ARL] step {self.global_steps}: {rows} sample(s) with a NaN or infinite reward scored 0.0 "
                   "(faults/nonfinite_rewards)", flush=True)
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        self._guard_rewards(batch, metrics)
+        if not self.replay.enable:  # with replay, `_step_once` guarded the fresh rows before they became groups
+            self._guard_rewards(batch, metrics)
         return super()._compute_advantage(batch, metrics)
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
