@@ -1,10 +1,13 @@
 """The observed range of the metrics docs/troubleshooting.md gives healthy ranges for, in verl's jsonl logs or the
 study's archived pipeline runs: per metric the steps seen, min, 5th percentile, median, 95th percentile and max.
 
-    python benchmarks/metric_ranges.py docs/evidence/demo/metrics.jsonl.gz docs/evidence/pipeline_scarce/results.jsonl.gz
+    python benchmarks/metric_ranges.py docs/evidence/demo/results.jsonl.gz docs/evidence/pipeline_scarce/results.jsonl.gz
+    python benchmarks/metric_ranges.py --archive outputs/demo/metrics.jsonl docs/evidence/demo/results.jsonl.gz --name demo
 
 A file is verl's file logger ({"step", "data"} per line) or a study archive (one run per line, its `records` a file
-logger's lines), gzipped or not.
+logger's lines, its `provenance` where and on what code it ran), gzipped or not. `--archive` writes a file logger's
+run as such an archive, with the provenance of this tree: refused when the tree is dirty or its last commit is newer
+than the log (the run would not be this code's).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import argparse
 import gzip
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -65,10 +70,31 @@ def table(found: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def archive(log: Path, out: Path, name: str) -> None:
+    """`log` (a file logger's run of this tree's HEAD) as a one-run archive with its provenance."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.staleness.provenance import provenance
+
+    origin = provenance()
+    committed = int(subprocess.run(["git", "log", "-1", "--format=%ct"], capture_output=True, text=True,
+                                   cwd=Path(__file__).parent, check=True).stdout)
+    if origin["dirty"] or log.stat().st_mtime < committed:
+        raise SystemExit(f"{log}: not archived: the tree is dirty or its last commit is newer than the log")
+    run = {"trainer": name, "provenance": origin, "records": sources(log)[log.name]}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(gzip.compress((json.dumps(run) + "\n").encode(), mtime=0))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("logs", type=Path, nargs="+")
-    for path in ap.parse_args().logs:
+    ap.add_argument("--archive", action="store_true", help="LOG OUT: write LOG's run as an archive with provenance")
+    ap.add_argument("--name", default="demo", help="the archived run's name (--archive)")
+    args = ap.parse_args()
+    if args.archive:
+        archive(*args.logs, name=args.name)
+        return
+    for path in args.logs:
         for name, steps in sources(path).items():
             print(f"{path} ({name})\n\n{table(ranges(steps))}\n")
 
