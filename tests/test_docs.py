@@ -101,7 +101,7 @@ def test_the_metric_ranges_are_the_logs():
     assert out.strip() in page
     from benchmarks.metric_ranges import ranges, sources
 
-    (demo,) = sources(ROOT / "docs/evidence/demo/metrics.jsonl.gz").values()
+    (demo,) = sources(ROOT / "docs/evidence/demo/results.jsonl.gz").values()
     grad = ranges(demo)["actor/grad_norm"]
     assert f"| {grad['p5']:.2f}-{grad['p95']:.2f} |" in (ROOT / "docs/troubleshooting.md").read_text()
 
