@@ -129,8 +129,12 @@ class Candidate:
             self.close()
             raise
         self.level: str = answer["ready"]
-        self.memory = "cgroup" if self.cgroup is not None else "one process"
         _announce(f"{self.level}; memory per program: {self.memory}")
+
+    @property
+    def memory(self) -> str:
+        """What bounds the program's memory: "cgroup" (all its processes together) or "one process" (no other)."""
+        return "cgroup" if self.cgroup is not None else "one process"
 
     def _send(self, data: bytes) -> None:
         """Writes `data` to the child's request pipe without blocking past the deadline (a program that stops
