@@ -20,9 +20,10 @@ STUBS = {
     "srun": '#!/usr/bin/env bash\necho "srun $*" >> "$STUB_LOG"\nwhile [[ $# -gt 0 && "$1" == -* ]]; do shift; done\nexec "$@"\n',
     "scontrol": '#!/usr/bin/env bash\necho "scontrol $*" >> "$STUB_LOG"\n'
                 'if [[ "$1 $2" == "show hostnames" ]]; then tr "," "\\n" <<< "$3"; fi\n',
+    # ray: a node is active once its `ray start` ran (as a real cluster's status reports it)
     "ray": '#!/usr/bin/env bash\necho "ray $*" >> "$STUB_LOG"\n'
-           'if [[ "$1" == status ]]; then printf "Node status\\n---\\nActive:\\n 1 node_a\\n 1 node_b\\n 1 node_c\\n'
-           'Pending:\\n (no pending nodes)\\n"; fi\n',
+           'if [[ "$1" == status ]]; then printf "Node status\\n---\\nActive:\\n"; '
+           'grep "^ray start" "$STUB_LOG" | awk \'{print " 1 node_" NR}\'; printf "Pending:\\n (no pending nodes)\\n"; fi\n',
     "hostname": '#!/usr/bin/env bash\necho "10.1.2.3 fe80::1"\n',
     "sbatch": '#!/usr/bin/env bash\necho "sbatch $*" >> "$STUB_LOG"\necho "Submitted batch job 42"\n',
 }
