@@ -10,9 +10,9 @@ Nothing of the algorithm is re-implemented here: the step's decisions are `recip
 object the verl trainers call (`recipe/darl/trainers/replay_mixin.py`); the harness owns only the model, the
 generation, the forward passes and verl's GRPO advantages:
 
-    fresh groups (Group.from_padded) -> ReplayStep.plan -> recompute pi_old of the trained groups ->
-    ReplayStep.record -> GRPO advantages (verl's compute_grpo_outcome_advantage) -> ReplayStep.loss_inputs ->
-    ReplayStep.loss per mini-batch -> ReplayStep.finish
+    fresh groups (Group.from_padded) -> ReplayStep.begin (plan, pi_old of the trained groups by `TensorPlane`,
+    record, loss inputs) -> GRPO advantages (verl's compute_grpo_outcome_advantage) -> ReplayStep.loss per
+    mini-batch -> ReplayStep.end
 
 Methods (all with the same number of generated samples per step, so the same total per run):
 
@@ -51,7 +51,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from recipe.darl.core import Group, ReplayConfig, ReplayStep, StepPlan, sample_chi2
+from recipe.darl.core import ClipSettings, Group, LossInputs, ReplayConfig, ReplayStep, StepPlan, sample_chi2
 
 METHODS = ("naive", "decoupled", "icepop", "darl")
 
@@ -172,6 +172,30 @@ def split_problems(config: HarnessConfig) -> tuple[list[tuple[int, int]], list[t
 
 
 # ---- the harness -----------------------------------------------------------------------------
+
+class TensorPlane:
+    """The harness's data plane (`recipe.darl.core.DataPlane`): the trained groups as one padded batch, pi_old by the
+    harness's forward (naive: the rollout log-probs, no recompute)."""
+
+    def __init__(self, harness: "Harness") -> None:
+        self.harness = harness
+        self.batch: dict[str, torch.Tensor] = {}
+        self.minibatch = torch.zeros(0, dtype=torch.long)
+
+    def old_log_probs(self, plan: StepPlan) -> torch.Tensor:
+        self.batch = self.harness.batch_of(plan.trained)
+        return self.batch["rollout_log_probs"] if self.harness.config.method == "naive" else \
+            self.harness.recompute(self.batch)
+
+    def loss_layout(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cfg, mask = self.harness.config, self.batch["response_mask"]
+        # whole groups per mini-batch; a smaller selection (fewer groups than a mini-batch) is one mini-batch
+        self.minibatch = (torch.arange(mask.shape[0]) // cfg.n) // (cfg.prompts_per_step // cfg.minibatches)
+        return mask, self.batch["rollout_log_probs"], self.minibatch
+
+    def put_loss_inputs(self, plan: StepPlan, inputs: LossInputs) -> None:
+        pass  # `Harness.update` takes them from the step's state
+
 
 class Harness:
     """One run: `step()` does one RL step and returns its metrics; `run()` the whole schedule."""
@@ -349,19 +373,18 @@ class Harness:
 
         t1 = time.perf_counter()
         m.update(step=t, samples=self.samples)
-        plan = self.replay.plan(fresh, t, cfg.prompts_per_step, cfg.prompts_per_step // cfg.minibatches, 1)
+        plane = TensorPlane(self)
+        state = self.replay.begin(plane, fresh, t, cfg.prompts_per_step, cfg.prompts_per_step // cfg.minibatches, 1,
+                                  ClipSettings(cfg.threshold, cfg.clip_low, cfg.clip_high))
+        plan = state.plan
         if plan.cands is not None:
             m.update(candidates=len(plan.cands.candidates), dropped_zero_adv=plan.cands.dropped_zero_adv,
                      history_groups=len(plan.cands.history), warmup=float(plan.cands.warmup))
         if plan.trained:
-            batch = self.batch_of(plan.trained)
-            # naive: no recompute, pi_old := mu
-            old = batch["rollout_log_probs"] if cfg.method == "naive" else self.recompute(batch)
-            self.replay.record(plan, old)
-            m.update(self.update(batch, old, plan))
+            m.update(self.update(plane.batch, state.old_log_probs, plan, state.inputs, plane.minibatch))
         else:
             m.update(loss=None, skipped=True)
-        self.replay.finish(plan)
+        self.replay.end(state)
         buffer = self.replay.buffer
         if buffer is not None:
             stats = buffer.stats()
@@ -380,16 +403,14 @@ class Harness:
         self.history.append(m)
         return m
 
-    def update(self, batch: dict[str, torch.Tensor], old: torch.Tensor, plan: StepPlan) -> dict[str, Any]:
-        """The actor update on the plan's trained groups: `epochs` passes over `minibatches` mini-batches."""
+    def update(self, batch: dict[str, torch.Tensor], old: torch.Tensor, plan: StepPlan, inputs: LossInputs,
+               mb_index: torch.Tensor) -> dict[str, Any]:
+        """The actor update on the plan's trained groups: `epochs` passes over `minibatches` mini-batches
+        (mb_index: [N] each sample's)."""
         cfg = self.config
         groups, step = plan.trained, plan.version
         mask = batch["response_mask"]
         rollout = batch["rollout_log_probs"]
-        num = mask.shape[0]
-        # whole groups per mini-batch; a smaller selection (fewer groups than a mini-batch) is one mini-batch
-        mb_index = (torch.arange(num) // cfg.n) // (cfg.prompts_per_step // cfg.minibatches)
-        inputs = self.replay.loss_inputs(plan, mask, old, rollout, cfg.threshold, cfg.clip_low, cfg.clip_high, mb_index)
         weights = inputs.weights
         threshold = cfg.threshold
         if cfg.method == "icepop":

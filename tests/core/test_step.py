@@ -68,3 +68,50 @@ def test_without_replay_every_fresh_group_trains_against_its_own_behavior():
     torch.testing.assert_close(inputs.weights.log_denominator[mask], rollout[mask])  # own: log mu of the sample
     assert step.finish(plan) is None
     assert step.plan([], 5, 2, 2, None).selection.skipped
+
+
+class _Plane:
+    """A data plane that logs its calls: pi_old = the rollout log-probs + 0.1, one mini-batch."""
+
+    def __init__(self):
+        self.calls, self.inputs = [], None
+
+    def old_log_probs(self, plan):
+        self.calls.append(("old_log_probs", [g.uid for g in plan.trained]))
+        self.rollout = _rows(plan.trained, "rollout_log_probs")
+        self.mask = _rows(plan.trained, "response_mask").bool()
+        return self.rollout + 0.1
+
+    def loss_layout(self, plan):
+        self.calls.append(("loss_layout", len(plan.trained)))
+        return self.mask, self.rollout, torch.zeros(self.mask.shape[0], dtype=torch.long)
+
+    def put_loss_inputs(self, plan, inputs):
+        self.calls.append(("put_loss_inputs", len(plan.trained)))
+        self.inputs = inputs
+
+
+def test_begin_and_end_run_the_whole_step_through_a_plane():
+    """`begin`: plan, the plane's pi_old forward of the trained groups, record, loss inputs handed to the plane (the
+    same as `loss_inputs` by hand); `end`: reuse, insert; a step with nothing to train never calls the plane."""
+    from recipe.darl.core import ClipSettings
+
+    step = ReplayStep(ReplayConfig(enable=True, k=2, warmup=0, prompt_replay=False))
+    a, b = group("a", 1, [1.0, 0.0], base=-1.0), group("b", 1, [0.0, 1.0], base=-1.0, prompt=(9, 9))
+    plane = _Plane()
+    state = step.begin(plane, [a, b], 1, 2, 1, 1, ClipSettings(2.0, 0.2, 0.3))
+    assert plane.calls == [("old_log_probs", ["a", "b"]), ("loss_layout", 2), ("put_loss_inputs", 2)]
+    assert plane.inputs is state.inputs
+    torch.testing.assert_close(a.recorded[1], (plane.rollout[:2] + 0.1)[plane.mask[:2]])  # packed response tokens
+    by_hand = step.loss_inputs(state.plan, plane.mask, state.old_log_probs, plane.rollout, 2.0, 0.2, 0.3,
+                               torch.zeros(4, dtype=torch.long))
+    torch.testing.assert_close(state.inputs.weights.token_coef, by_hand.weights.token_coef)
+    assert torch.equal(state.inputs.clip_high, by_hand.clip_high)
+    assert step.buffer.groups == []  # nothing inserted before `end`
+    step.end(state)
+    assert step.buffer.groups == [a, b] and a.times_trained == 1
+    assert set(state.timing) == {"select", "recompute", "weights", "buffer"}
+
+    empty = _Plane()
+    skipped = ReplayStep(None).begin(empty, [], 2, 2, 1, 1, ClipSettings(2.0, 0.2, 0.3))
+    assert skipped.plan.selection.skipped and empty.calls == [] and skipped.old_log_probs is None

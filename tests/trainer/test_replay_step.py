@@ -8,7 +8,7 @@ from verl.protocol import BatchData
 from verl.utils import tensordict_utils as tu
 
 from recipe.darl.core import ReplayConfig, ReplayStep, Selection, StepPlan, batch_weights
-from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, minibatch_index
+from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_fields, minibatch_index
 
 
 def test_groups_round_trip_to_the_same_verl_batch(batch_maker):
@@ -54,7 +54,10 @@ def test_loss_inputs_are_the_core_weights(batch_maker):
     groups[1].record(5, old[2:])  # the version-4 group was rescored at step 5
     step = ReplayStep(ReplayConfig(enable=True, clip_decay=0.5))
     plan = StepPlan(version=6, selection=Selection([0, 1], 2, 2, False), trained=groups)
-    w = loss_inputs(batch, plan, step, threshold=2.0, clip_low=0.2, clip_high=0.3, minibatch=minibatch_index(4, 4, 1))
+    mask = batch.batch["response_mask"]
+    inputs = step.loss_inputs(plan, mask, old, batch.batch["rollout_log_probs"], 2.0, 0.2, 0.3, minibatch_index(4, 4, 1))
+    batch.batch.update(loss_fields(inputs, mask.shape[1]))
+    w = inputs.weights
     known = torch.tensor([False, False, True, True])
     direct = batch_weights(batch.batch["response_mask"], old, batch.batch["rollout_log_probs"], torch.tensor([5, 5, 4, 4]),
                            "pmis", "ess", 2.0, recorded={5: (known, torch.where(known.unsqueeze(1), old, 0.0))})

@@ -1,7 +1,7 @@
 """The fully-async trainer end to end on CPU with verl's own vLLM rollout: two FSDP2 ranks, weights synced every 2
 trainer steps (trigger_parameter_sync_step = 2), partial rollouts, staleness threshold 2, 12 trainer steps (6 syncs);
 a checkpoint taken while the rollouter runs ahead (buffer and message queue); the version-stamp check on the samples
-(stamps.py). The resume from such a checkpoint (the buffer and the queue restored, the remaining steps trained once):
+(stamps.py); DARTS with fixed redundancy (r = 6 for n = 4, every tail cut in vLLM's engine). The resume from such a checkpoint (the buffer and the queue restored, the remaining steps trained once):
 tests/faults/test_stop_signal.py.
 """
 
@@ -15,12 +15,14 @@ from pipelines import (FULLY_ASYNC_STEPS, SYNCS, assert_sharded, assert_stamps_n
                        assert_stamps_tell_versions_apart, build_inputs, read_log, run, stamp_report, trained)
 from recipe.darl.robustness.checkpoint_files import read_checked
 
+DARTS = ("rollout_shaping.enable=true",)  # fixed r = ceil(1.5 n) = 6, L = 0: two requests of each group aborted
+
 
 @pytest.fixture(scope="module")
 def vllm_fully_async(tmp_path_factory, vllm_installed):
     root = tmp_path_factory.mktemp("vllm_fully_async")
     inputs = build_inputs(root, hidden_size=128)
-    first = run("fully_async", "vllm", root, inputs, "run1.jsonl", FULLY_ASYNC_STEPS)
+    first = run("fully_async", "vllm", root, inputs, "run1.jsonl", FULLY_ASYNC_STEPS, *DARTS)
     report = stamp_report("fully_async", root, inputs)
     ckpt = root / "out" / "checkpoints" / "global_step_2"
     saved = read_checked(ckpt / "darl_replay.pt")["replay"]
@@ -59,3 +61,23 @@ def test_each_sample_was_generated_by_the_weights_its_stamp_names(vllm_fully_asy
 
 def test_the_stamp_check_tells_versions_apart(vllm_fully_async):
     assert_stamps_tell_versions_apart(vllm_fully_async["stamps"])
+
+
+def test_darts_cuts_each_groups_tail_in_the_engine(vllm_fully_async):
+    """The fully-async rollouter plans one prompt at a time; once four of a group's six requests finished, the other
+    two are aborted by their ids in vLLM's engine. Every group keeps exactly its n = 4 finished responses and cuts
+    exactly its two. Most cut requests come back stopped by the abort (vLLM's `aborted`); the rest finished in the
+    same engine step as the fourth (this model's answers have nearly equal lengths and decode in lockstep), which
+    `aborts_missed` counts. Were the abort not reaching the engine (verl's own `abort_request` finds no such id),
+    every cut request would run to its end and count as missed."""
+    log = vllm_fully_async["log1"]
+    steps = [m for m in log.values() if "rollout_shaping/kept" in m]
+    assert len(steps) >= SYNCS // 2
+    for m in steps:
+        prompts = m["rollout_shaping/kept"] / 4
+        assert prompts >= 1 and m["rollout_shaping/generated"] == 6 * prompts
+        assert m["rollout_shaping/aborted"] == 2 * prompts and m["rollout_shaping/dropped"] == 0
+        assert m["rollout_shaping/tokens_dropped"] == 0 and m["rollout_shaping/tokens_kept"] > 0
+    aborted = sum(m["rollout_shaping/aborted"] for m in steps)
+    missed = sum(m["rollout_shaping/aborts_missed"] for m in steps)
+    assert aborted >= SYNCS * 2 and missed < aborted / 2, (missed, aborted)

@@ -131,8 +131,9 @@ class _Server:
     behind max_concurrency, parked during a weight sync), then decode a token every 10 ms up to `limit`; vLLM's
     abort of an id the engine does not hold yet is ignored."""
 
-    def __init__(self, enters_s: float, limit: int = 1000):
+    def __init__(self, enters_s: float, limit: int = 1000, ignores_aborts: bool = False):
         self.enters_s, self.limit, self.calls, self.running = enters_s, limit, [], {}
+        self.ignores_aborts = ignores_aborts
         server = self
 
         class generate:  # noqa: N801 (a Ray handle's method)
@@ -144,7 +145,7 @@ class _Server:
             @staticmethod
             def remote(fn, request_id):
                 server.calls.append((fn, request_id))
-                if request_id in server.running:
+                if request_id in server.running and not server.ignores_aborts:
                     server.running[request_id].set()
                 return asyncio.sleep(0.01)
 
@@ -162,7 +163,7 @@ class _Server:
         while not aborted.is_set() and tokens < self.limit:
             tokens += 1
             await asyncio.sleep(0.01)
-        return SimpleNamespace(token_ids=[0] * tokens)
+        return SimpleNamespace(token_ids=[0] * tokens, stop_reason="aborted" if aborted.is_set() else "completed")
 
 
 async def _cancelled_row(server, earlier: int = 0) -> _Part:
@@ -180,7 +181,8 @@ async def _cancelled_row(server, earlier: int = 0) -> _Part:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    row.aborted_tokens = await asyncio.wait_for(row.aborted_calls.pop("task"), 5)
+    row.aborted_tokens, missed = await asyncio.wait_for(row.aborted_calls.pop("task"), 5)
+    row.aborts_missed += missed
     return row
 
 
@@ -193,9 +195,17 @@ def test_a_cancelled_request_is_aborted_in_its_servers_engine_even_before_it_got
     row = asyncio.run(_cancelled_row(server))
     assert time.monotonic() - t0 < enters_s + 1.0  # not the 10 s the request would decode for
     assert 0 < row.aborted_tokens < 20 and row.decoded == {}  # stopped right after it reached the engine
+    assert row.aborts_missed == 0
     assert server.calls[0] == ("abort_request", "r7", {"reset_prefix_cache": False})
     engine_aborts = [c for c in server.calls if c[0] is abort_in_engine]
     assert all(c[1] == "r7" for c in engine_aborts) and len(engine_aborts) >= (2 if enters_s else 1)
+
+
+def test_an_abort_the_server_ran_to_its_end_counts_as_missed():
+    """rollout_shaping/aborts_missed: a server that reports the aborted request `completed` decoded its whole tail."""
+    server = _Server(0.0, limit=50, ignores_aborts=True)
+    row = asyncio.run(_cancelled_row(server))
+    assert row.aborted_tokens == 50 and row.aborts_missed == 1
 
 
 def test_an_aborted_rows_earlier_turns_are_counted():
@@ -323,7 +333,7 @@ def test_observe_counts_tokens_and_times_generation():
     prompts = _prompts(1, 4)
     keys, _ = manager._plan(prompts, chunks=1, population=False)
     per_row = {"darts_generated": 1.5, "darts_aborted": 0.5, "darts_dropped": 0.0, "darts_dropped_tokens": 0.0,
-               "darts_aborted_tokens": 2.5, "darts_submitted_at": 100.0}
+               "darts_aborted_tokens": 2.5, "darts_aborts_missed": 0.25, "darts_submitted_at": 100.0}
     non_tensor = {k: np.full(4, v) for k, v in per_row.items()}
     non_tensor["darts_last_kept_at"] = np.array([101.0, 103.5, 102.0, 101.0])
     mask = torch.tensor([[1] * 3 + [0] * 5, [1] * 8, [1] * 5 + [0] * 3, [1] * 4 + [0] * 4])
@@ -335,6 +345,7 @@ def test_observe_counts_tokens_and_times_generation():
     assert m["rollout_shaping/generation_s"] == 3.5 and m["rollout_shaping/tokens_kept"] == 20
     assert m["rollout_shaping/tokens_aborted"] == 10 and m["rollout_shaping/tokens_decoded"] == 30
     assert m["rollout_shaping/generated"] == 6 and m["rollout_shaping/aborted"] == 2
+    assert m["rollout_shaping/aborts_missed"] == 1
     assert manager.pop_metrics() == {}  # reset
 
 

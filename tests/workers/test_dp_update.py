@@ -2,7 +2,7 @@
 
 This process prepares one D-ARL step as the trainer does: a generated batch packed into groups
 (`groups_from_batch`), rebuilt in verl's layout (`batch_from_groups`), log pi_old recorded as the step's
-version, GRPO advantages, the four per-token loss inputs (`loss_inputs`: pmis over three behavior versions,
+version, GRPO advantages, the four per-token loss inputs (`loss_fields`: pmis over three behavior versions,
 ESS source weights per optimizer mini-batch, assigned by `minibatch_index` for the trainer's dp size), then
 verl's own `RayPPOTrainer._update_actor` turns the batch into the TensorDict the workers receive (its
 worker group is a stand-in that keeps it). A subprocess (VERL_PLATFORM=cpu) trains it with verl's
@@ -96,7 +96,7 @@ def trainer_batch(model, dp_size: int, order: list[int] | None = None):
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     from recipe.darl.core import ReplayConfig, ReplayStep, Selection, StepPlan
-    from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, minibatch_index
+    from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_fields, minibatch_index
 
     fresh, drift = generated_batch(model)
     groups = groups_from_batch(fresh, fresh.batch["rm_scores"])
@@ -120,8 +120,11 @@ def trainer_batch(model, dp_size: int, order: list[int] | None = None):
     batch.batch["advantages"], batch.batch["returns"] = advantages, returns
     replay = ReplayConfig(enable=True, k=4)
     plan = StepPlan(STEP, Selection(list(range(len(chosen))), len(chosen), len(chosen), False), chosen)
-    loss_inputs(batch, plan, ReplayStep(replay), THRESHOLD, clip_low=CLIP_LOW, clip_high=CLIP_HIGH,
-                minibatch=minibatch_index(len(batch), MINI_GROUPS * N, dp_size))
+    mask = batch.batch["response_mask"]
+    inputs = ReplayStep(replay).loss_inputs(plan, mask, batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
+                                            THRESHOLD, CLIP_LOW, CLIP_HIGH,
+                                            minibatch_index(len(batch), MINI_GROUPS * N, dp_size))
+    batch.batch.update(loss_fields(inputs, mask.shape[1]))
     return batch, replay
 
 

@@ -8,7 +8,7 @@ from .loss import darl_policy_loss
 from .prompt_replay import PromptStore, history_group
 from .scoring import finite_samples, group_scores, sample_chi2
 from .selection import Selection, group_multiple, select_for_step, select_groups
-from .step import LossInputs, ReplayStep, StepPlan
+from .step import ClipSettings, DataPlane, LossInputs, ReplayStep, StepPlan, StepState
 from .weights import BatchWeights, batch_weights, behavior_log_denominator, clip_ranges, m2_gate, truncated_log_rho
 
 __all__ = [

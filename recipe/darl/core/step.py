@@ -1,19 +1,22 @@
-"""The decisions of one D-ARL step, shared by the verl trainers and the study harness.
+"""One D-ARL step, the same in every verl trainer and the study harness.
 
-    plan = step.plan(fresh, version, budget, multiple, min_multiple)  # candidates, selection, training order
-    ... the caller's old-log-prob forward of plan.trained ...
-    step.record(plan, old_log_probs)                                  # pi_old of this version, per group
-    inputs = step.loss_inputs(plan, mask, old, rollout, ...)           # per-source weights, clip ranges
-    ... advantages; the update with step.loss (harness) or the actor's loss (trainers) ...
-    step.finish(plan)                                                 # reuse counts, insert, evict
+    state = step.begin(plane, fresh, version, budget, multiple, min_multiple, clip)
+        # plan (candidates, selection, training order); the plane's pi_old forward of the trained groups;
+        # record pi_old per group; the loss inputs (per-source weights, clip ranges), handed to the plane
+    ... the host's advantages and update (verl's stages, or the harness's loop with step.loss) ...
+    step.end(state)  # reuse counts, insert the fresh groups, evict
+
+The plane is where a step's samples live: verl's DataProto (the V0 trainers), TransferQueue rows (the V1 trainer),
+plain tensors (the harness). `begin` and `end` are the only sequence of the step; the planes only move data.
 
 `ReplayStep(None)` is decoupled PPO: no buffer, each sample weighed against its own behavior policy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
 
 import torch
 
@@ -44,6 +47,40 @@ class LossInputs:
     clip_high: torch.Tensor  # [B] above 1
 
 
+@dataclass(frozen=True)
+class ClipSettings:
+    """The loss's settings the weights depend on: C of truncated IS, PPO's eps below and above 1."""
+
+    threshold: float
+    clip_low: float
+    clip_high: float
+
+
+class DataPlane(Protocol):
+    """Where a step's samples live; it runs the pi_old forward and hands the loss inputs to its update."""
+
+    def old_log_probs(self, plan: StepPlan) -> torch.Tensor:
+        """[N, L] log pi_old of `plan.trained`'s samples in order (the forward under the current weights)."""
+
+    def loss_layout(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(response_mask [N, L], rollout_log_probs [N, L], optimizer mini-batch of each sample [N])."""
+
+    def put_loss_inputs(self, plan: StepPlan, inputs: LossInputs) -> None:
+        """Hands the loss inputs to the update (the actor's batch, TransferQueue, the harness's loop)."""
+
+
+@dataclass
+class StepState:
+    """A step between `begin` and `end`; timing in seconds (`replay/time_*_s`)."""
+
+    plan: StepPlan
+    old_log_probs: Optional[torch.Tensor] = None  # [N, L]; None when the step skips its update
+    response_mask: Optional[torch.Tensor] = None  # [N, L]
+    rollout_log_probs: Optional[torch.Tensor] = None  # [N, L]
+    inputs: Optional[LossInputs] = None
+    timing: dict[str, float] = field(default_factory=dict)
+
+
 class ReplayStep:
     """One object per run: the buffer (with replay) and the step's decisions over it."""
 
@@ -53,6 +90,35 @@ class ReplayStep:
         # the loss settings; without replay, decoupled PPO's (`pmis=False`): each sample's own behavior,
         # token-weighted sources, no m2 budget, no clip decay, no behavior trust region
         self.weighting = config if config is not None else ReplayConfig(pmis=False)
+
+    def begin(self, plane: DataPlane, fresh: list[Group], version: int, budget: int, multiple: int,
+              min_multiple: Optional[int], clip: ClipSettings) -> StepState:
+        """Plans the step over `fresh` and, unless it skips its update, gets pi_old of the trained groups from the
+        plane, records it and hands the plane the loss inputs."""
+        t0 = time.perf_counter()
+        state = StepState(self.plan(fresh, version, budget, multiple, min_multiple))
+        state.timing["select"] = time.perf_counter() - t0
+        if state.plan.selection.skipped:
+            return state
+        t0 = time.perf_counter()
+        state.old_log_probs = plane.old_log_probs(state.plan)
+        state.timing["recompute"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.record(state.plan, state.old_log_probs)
+        mask, rollout, minibatch = plane.loss_layout(state.plan)
+        state.response_mask, state.rollout_log_probs = mask, rollout
+        state.inputs = self.loss_inputs(state.plan, mask, state.old_log_probs, rollout, clip.threshold, clip.clip_low,
+                                        clip.clip_high, minibatch)
+        plane.put_loss_inputs(state.plan, state.inputs)
+        state.timing["weights"] = time.perf_counter() - t0
+        return state
+
+    def end(self, state: StepState) -> Optional[EvictionStats]:
+        """Counts reuse of the trained groups, inserts the fresh ones, evicts (None without replay)."""
+        t0 = time.perf_counter()
+        evicted = self.finish(state.plan)
+        state.timing["buffer"] = time.perf_counter() - t0
+        return evicted
 
     def plan(self, fresh: list[Group], version: int, budget: int, multiple: int,
              min_multiple: Optional[int]) -> StepPlan:

@@ -9,7 +9,7 @@ import torch
 from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
-from ..core import BatchWeights, Group, ReplayStep, StepPlan
+from ..core import Group, LossInputs, StepState, group_scores, sample_chi2
 
 # tensor keys of a generated batch that groups can rebuild; any other key is an error, not a silent drop
 REBUILT_KEYS = {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
@@ -111,24 +111,29 @@ def minibatch_index(num_samples: int, mini_batch_samples: int, dp_size: int) -> 
     return local // (mini_batch_samples // dp_size)
 
 
-def loss_inputs(batch: DataProto, plan: StepPlan, step: ReplayStep, threshold: float, clip_low: float,
-                clip_high: float, minibatch: torch.Tensor) -> BatchWeights:
-    """Adds the [B, L] fields `darl_loss` reads to `batch` (`plan.trained`'s samples in order, with old_log_probs);
-    minibatch: [B] the optimizer mini-batch each sample falls in (`minibatch_index`)."""
-    mask = batch.batch["response_mask"]
-    width = mask.shape[1]
-    inputs = step.loss_inputs(plan, mask, batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], threshold,
-                              clip_low, clip_high, minibatch)
-    batch.batch["darl_log_denominator"] = inputs.weights.log_denominator.float()
-    batch.batch["darl_token_coef"] = inputs.weights.token_coef.float()
-    batch.batch["darl_clip_low"] = inputs.clip_low.unsqueeze(1).expand(-1, width).contiguous()
-    batch.batch["darl_clip_high"] = inputs.clip_high.unsqueeze(1).expand(-1, width).contiguous()
-    return inputs.weights
+def loss_fields(inputs: LossInputs, width: int) -> dict[str, torch.Tensor]:
+    """The [B, L] batch keys `darl_loss` reads, from the step's loss inputs (B trained samples, L = width)."""
+    return {"darl_log_denominator": inputs.weights.log_denominator.float(),
+            "darl_token_coef": inputs.weights.token_coef.float(),
+            "darl_clip_low": inputs.clip_low.unsqueeze(1).expand(-1, width).contiguous(),
+            "darl_clip_high": inputs.clip_high.unsqueeze(1).expand(-1, width).contiguous()}
 
 
-def replay_metrics(plan: StepPlan, trained_scores: list[float], weights: Optional[BatchWeights],
-                   buffer_stats: dict[str, Any], evicted: dict[str, int], timing: dict[str, float]) -> dict[str, float]:
-    """The `replay/` metrics of one step (docs/metrics.md), scalars; trained_scores: chi2 of `plan.trained`."""
+def trained_chi2(state: StepState) -> list[float]:
+    """chi2 group scores of the step's trained groups, for the `replay/chi2_*` metrics (none if it skipped)."""
+    if state.old_log_probs is None:
+        return []
+    groups = state.plan.trained
+    sample = sample_chi2(state.old_log_probs, state.rollout_log_probs, state.response_mask)
+    index = torch.cat([torch.full((g.n,), i) for i, g in enumerate(groups)])
+    return group_scores(sample, index, len(groups)).tolist()
+
+
+def replay_metrics(state: StepState, buffer_stats: dict[str, Any], evicted: dict[str, int]) -> dict[str, float]:
+    """The `replay/` metrics of one step (docs/metrics.md), scalars."""
+    plan, timing = state.plan, state.timing
+    weights = state.inputs.weights if state.inputs is not None else None
+    trained_scores = trained_chi2(state)
     step, cands, selection = plan.version, plan.cands, plan.selection
     groups = cands.candidates
     sel_groups = plan.trained

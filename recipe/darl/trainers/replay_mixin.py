@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from functools import partial
 from typing import Optional
 
@@ -24,10 +23,44 @@ from recipe.darl.workers.actor_loss import darl_loss
 from recipe.darl.robustness.checkpoint_files import read_checked, write_checked
 from recipe.darl.trainer_mode import step_budget
 from recipe.darl.probes import probe, swapped
-from ..core import Group, ReplayBuffer, ReplayConfig, ReplayStep, StepPlan, group_multiple, group_scores, sample_chi2
-from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_inputs, minibatch_index, replay_metrics
+from ..core import (ClipSettings, LossInputs, ReplayBuffer, ReplayConfig, ReplayStep, StepPlan, StepState,
+                    group_multiple)
+from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_fields, minibatch_index, replay_metrics
 
 BUFFER_FILE = "darl_replay.pt"
+
+
+class DataProtoPlane:
+    """The V0 trainers' data plane (`core.DataPlane`): the trained groups as one DataProto in verl's padded layout;
+    pi_old by verl's own old-log-prob hook, the loss fields as batch keys the actor's loss reads."""
+
+    def __init__(self, trainer: "ReplayStepMixin", fresh: DataProto) -> None:
+        self.trainer, self.fresh = trainer, fresh
+        self.chosen: Optional[DataProto] = None
+
+    def old_log_probs(self, plan: StepPlan) -> torch.Tensor:
+        # one batched forward over the trained groups only (the verl hook the mixin overrides); the group count
+        # varies: padded to what the workers' split needs, as verl's dispatch would
+        t = self.trainer
+        widths = self.fresh.batch["prompts"].shape[1], self.fresh.batch["responses"].shape[1]
+        merged = batch_from_groups(plan.trained, *widths, self.fresh.meta_info)
+        merged.meta_info["global_token_num"] = merged.batch["attention_mask"].sum(-1).tolist()  # kept by (un)padding
+        rollout = t.config.actor_rollout_ref.rollout
+        divisor = t._dp_size()
+        if not rollout.get("log_prob_use_dynamic_bsz", False):
+            divisor *= int(rollout.log_prob_micro_batch_size_per_gpu or 1)
+        padded, pad = pad_dataproto_to_divisor(merged, divisor)
+        self.chosen = unpad_dataproto(super(ReplayStepMixin, t)._fit_compute_log_prob(padded), pad)
+        return self.chosen.batch["old_log_probs"]
+
+    def loss_layout(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t, data = self.trainer, self.chosen.batch
+        samples = t._mini_batch_groups(plan) * int(t.config.actor_rollout_ref.rollout.n)
+        return (data["response_mask"], data["rollout_log_probs"],
+                minibatch_index(len(self.chosen), samples, t._dp_size()))
+
+    def put_loss_inputs(self, plan: StepPlan, inputs: LossInputs) -> None:
+        self.chosen.batch.update(loss_fields(inputs, self.chosen.batch["response_mask"].shape[1]))
 
 
 class ReplayStepMixin:
@@ -44,7 +77,7 @@ class ReplayStepMixin:
     def _init_replay(self, config) -> None:
         self.replay = ReplayConfig.from_dict(OmegaConf.to_container(config.replay, resolve=True))
         self.replay_step: Optional[ReplayStep] = ReplayStep(self.replay) if self.replay.enable else None
-        self._step_state: Optional[dict] = None
+        self._step_state: Optional[StepState] = None  # between the old-log-prob and the update hooks
 
     @property
     def buffer(self) -> Optional[ReplayBuffer]:
@@ -73,49 +106,26 @@ class ReplayStepMixin:
     def _fit_compute_log_prob(self, batch: DataProto) -> DataProto:
         if not self.replay.enable:
             return super()._fit_compute_log_prob(batch)
-        timing: dict[str, float] = {}
-        t0 = time.perf_counter()
         for key, values in self.reward_extra_infos_dict.items():  # stored with the groups, like the rewards
             batch.non_tensor_batch.setdefault(key, np.asarray(values))
         fresh = groups_from_batch(batch, self.reward_tensor)
         self.metrics["replay/fresh_version"] = max(g.version for g in fresh)  # the rollout's version stamp
-        plan = self.replay_step.plan(fresh, self._replay_version(), self._replay_budget(), *self._group_multiples())
-        timing["select"] = time.perf_counter() - t0
-        state = {"plan": plan, "scores": [], "weights": None, "timing": timing}
+        plane = DataProtoPlane(self, batch)
+        state = self.replay_step.begin(plane, fresh, self._replay_version(), self._replay_budget(),
+                                       *self._group_multiples(), self._clip_settings())
         self._step_state = state
-        if plan.selection.skipped:
+        if state.plan.selection.skipped:
             # no update: verl's own forward of the fresh batch, which the later hooks read
-            print(f"[D-ARL] step {plan.version}: no update ({plan.selection.reason})")
+            print(f"[D-ARL] step {state.plan.version}: no update ({state.plan.selection.reason})")
             return super()._fit_compute_log_prob(batch)
-        widths = batch.batch["prompts"].shape[1], batch.batch["responses"].shape[1]
-
-        # one batched old_log_prob forward over the trained groups only (verl's hook), recorded as this version's
-        # pi_old; the group count varies: padded to what the workers' split needs, as verl's dispatch would
-        merged = batch_from_groups(plan.trained, *widths, batch.meta_info)
-        merged.meta_info["global_token_num"] = merged.batch["attention_mask"].sum(-1).tolist()  # kept by (un)padding
-        t0 = time.perf_counter()
-        rollout = self.config.actor_rollout_ref.rollout
-        divisor = self._dp_size()
-        if not rollout.get("log_prob_use_dynamic_bsz", False):
-            divisor *= int(rollout.log_prob_micro_batch_size_per_gpu or 1)
-        padded, pad = pad_dataproto_to_divisor(merged, divisor)
-        chosen = unpad_dataproto(super()._fit_compute_log_prob(padded), pad)
-        timing["recompute"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self.replay_step.record(plan, chosen.batch["old_log_probs"])
-        state["scores"] = self._chi2(plan.trained, chosen)
-        n = self.config.actor_rollout_ref.rollout.n
-        state["mini_batch_groups"] = min(len(plan.trained), self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
-        state["weights"] = loss_inputs(
-            chosen, plan, self.replay_step, self._threshold(),
-            clip_low=self._clip("clip_ratio_low"), clip_high=self._clip("clip_ratio_high"),
-            minibatch=minibatch_index(len(chosen), state["mini_batch_groups"] * n, self._dp_size()),
-        )
-        timing["weights"] = time.perf_counter() - t0
+        chosen = plane.chosen
         # the step's rewards, read by `_fit_compute_advantage`, are those of the trained rows
         self.reward_tensor = chosen.batch["token_level_scores"]
         self.reward_extra_infos_dict = {k: chosen.non_tensor_batch[k] for k in self.reward_extra_infos_dict}
         return chosen
+
+    def _clip_settings(self) -> ClipSettings:
+        return ClipSettings(self._threshold(), self._clip("clip_ratio_low"), self._clip("clip_ratio_high"))
 
     def _group_multiples(self) -> tuple[int, Optional[int]]:
         """(groups of a full mini-batch, the fewest groups one smaller mini-batch may hold; None: none fits)."""
@@ -132,29 +142,21 @@ class ReplayStepMixin:
         value = actor.get(key)
         return float(actor.clip_ratio if value is None else value)
 
-    def _chi2(self, groups: list[Group], merged: DataProto) -> list[float]:
-        """chi2 group scores of the trained groups, for the `replay/chi2_*` metrics."""
-        sample = sample_chi2(merged.batch["old_log_probs"], merged.batch["rollout_log_probs"], merged.batch["response_mask"])
-        index = torch.cat([torch.full((g.n,), i) for i, g in enumerate(groups)])
-        return group_scores(sample, index, len(groups)).tolist()
-
     def _fit_update_actor(self, batch: DataProto) -> DataProto:
         probe("update", self.global_steps)  # trainer step (fully-async: the rollouter keeps generating meanwhile)
         if not self.replay.enable:
             return super()._fit_update_actor(batch)
-        state = self._step_state
-        plan: StepPlan = state["plan"]
-        if not plan.selection.skipped:
+        state, self._step_state = self._step_state, None
+        if not state.plan.selection.skipped:
             # fewer groups than a mini-batch: one smaller
-            with swapped(self.config.actor_rollout_ref.actor, "ppo_mini_batch_size", state["mini_batch_groups"]):
+            with swapped(self.config.actor_rollout_ref.actor, "ppo_mini_batch_size", self._mini_batch_groups(state.plan)):
                 batch = super()._fit_update_actor(batch)
-        t0 = time.perf_counter()
-        evicted = self.replay_step.finish(plan)
-        state["timing"]["buffer"] = time.perf_counter() - t0
-        self.metrics.update(replay_metrics(plan, state["scores"], state["weights"], self.buffer.stats(), vars(evicted),
-                                           state["timing"]))
-        self._step_state = None
+        evicted = self.replay_step.end(state)
+        self.metrics.update(replay_metrics(state, self.buffer.stats(), vars(evicted)))
         return batch
+
+    def _mini_batch_groups(self, plan: StepPlan) -> int:
+        return min(len(plan.trained), self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
 
     def save_replay(self, folder: str, step: int = -1) -> None:
         """Writes the buffer into a checkpoint folder (atomic, checksummed) of step `step` (the fault hook's key).

@@ -9,13 +9,13 @@ when it ends; the buffer keeps its own copies and is saved with verl's checkpoin
 
 from __future__ import annotations
 
-import time
+import contextlib
+from typing import Optional
 
 import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
-from verl import DataProto
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
@@ -27,11 +27,10 @@ from verl.workers.utils.padding import response_to_nested
 from recipe.darl.probes import probe, swapped
 from recipe.darl.robustness.job_ports import JobPortWorkerGroup, port_clash_named
 from recipe.darl.robustness.reward_guard import sanitize_rewards
-from recipe.darl.trainers.batches import loss_inputs, minibatch_index, replay_metrics
+from recipe.darl.trainers.batches import loss_fields, minibatch_index, replay_metrics
 from recipe.darl.trainers.replay_mixin import ReplayStepMixin
 from recipe.darl.trainers.run_guard import RunGuardMixin
 from recipe.darl.trainers.tq_rows import groups_from_rows, rows_from_groups, rows_of
-from recipe.darl.workers.actor_loss import BATCH_KEYS
 
 PARTITION = "train"
 
@@ -102,71 +101,82 @@ class DarlV1Mixin(RunGuardMixin, ReplayStepMixin):
             fresh_meta = self._compute_reward_colocate(fresh_meta, metrics=metrics)
         self._guard_rewards(fresh_meta, metrics)  # before the groups (and the buffer) take the rewards
 
-        t0 = time.perf_counter()
         fresh = groups_from_rows(rows_of(tq.kv_batch_get(keys=fresh_meta.keys, partition_id=PARTITION)),
                                  fresh_meta.tags)
         metrics["replay/fresh_version"] = max(g.version for g in fresh)
-        plan = self.replay_step.plan(fresh, self._replay_version(), self._replay_budget(), *self._group_multiples())
-        timing = {"select": time.perf_counter() - t0}
-        scores, weights = [], None
-        if plan.selection.skipped:
-            # no update: verl's stages (bar the update) on the fresh rows, whose advantages `fit`'s metrics read
-            print(f"[D-ARL] step {self.global_steps}: no update ({plan.selection.reason})")
-            batch = self._balance_batch(fresh_meta, metrics=metrics)
-            batch = self._compute_old_log_prob(batch, metrics=metrics)
-            batch = self._compute_advantage(batch, metrics=metrics)
-        else:
-            tq.kv_clear(keys=fresh_meta.keys, partition_id=PARTITION)
-            keys, rows, tags = rows_from_groups(plan.trained, self.global_steps)
-            tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=list_of_dict_to_tensordict(rows), tags=tags)
-            batch = KVBatchMeta(keys=keys, tags=tags, partition_id=PARTITION)
-            batch.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
-            actor = self.config.actor_rollout_ref.actor
-            mini = min(len(plan.trained), actor.ppo_mini_batch_size)
-            # fewer groups than a mini-batch: one smaller (balance pads to it too)
-            with swapped(actor, "ppo_mini_batch_size", mini):
-                batch = self._balance_batch(batch, metrics=metrics)
-                with marked_timer("old_log_prob", timing_raw, color="blue"):
-                    batch = self._compute_old_log_prob(batch, metrics=metrics)
-                t0 = time.perf_counter()
-                scores, weights = self._put_loss_fields(plan, keys, batch, mini)
-                timing["weights"] = time.perf_counter() - t0
+        with contextlib.ExitStack() as stack:
+            plane = TransferQueuePlane(self, fresh_meta, metrics, timing_raw, stack)
+            state = self.replay_step.begin(plane, fresh, self._replay_version(), self._replay_budget(),
+                                           *self._group_multiples(), self._clip_settings())
+            if state.plan.selection.skipped:
+                # no update: verl's stages (bar the update) on the fresh rows, whose advantages `fit`'s metrics read
+                print(f"[D-ARL] step {self.global_steps}: no update ({state.plan.selection.reason})")
+                batch = self._balance_batch(fresh_meta, metrics=metrics)
+                batch = self._compute_old_log_prob(batch, metrics=metrics)
+                batch = self._compute_advantage(batch, metrics=metrics)
+            else:
+                batch = plane.batch
                 with marked_timer("adv", timing_raw, color="brown"):
                     batch = self._compute_advantage(batch, metrics=metrics)
                 if self.config.trainer.critic_warmup <= self.global_steps:
                     with marked_timer("update_actor", timing_raw, color="red"):
                         batch = self._update_actor(batch, metrics=metrics)
-        t0 = time.perf_counter()
-        evicted = self.replay_step.finish(plan)
-        timing["buffer"] = time.perf_counter() - t0
-        metrics.update(replay_metrics(plan, scores, weights, self.buffer.stats(), vars(evicted), timing))
+        evicted = self.replay_step.end(state)
+        metrics.update(replay_metrics(state, self.buffer.stats(), vars(evicted)))
         return batch
 
-    def _put_loss_fields(self, plan, keys: list[str], batch: KVBatchMeta, mini_batch_groups: int):
-        """Records pi_old for the trained groups and puts the D-ARL loss fields of every row of `batch` (the
-        balanced order, padding rows included with zeros) into TransferQueue; returns (chi2 scores, weights)."""
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=PARTITION,
+
+class TransferQueuePlane:
+    """The V1 trainer's data plane (`core.DataPlane`): the trained groups written to TransferQueue as the step's rows
+    (the fresh rows cleared), pi_old by verl's balance and old-log-prob stages, the loss fields put beside them."""
+
+    def __init__(self, trainer: DarlV1Mixin, fresh: KVBatchMeta, metrics: dict, timing_raw: dict,
+                 stack: contextlib.ExitStack) -> None:
+        self.trainer, self.fresh, self.metrics, self.timing_raw, self.stack = trainer, fresh, metrics, timing_raw, stack
+        self.batch: Optional[KVBatchMeta] = None
+        self.keys: list[str] = []
+        self.rows = torch.zeros(0, dtype=torch.long)  # the trained rows' positions in the balanced order
+        self.mini_batch_groups = 0
+
+    def old_log_probs(self, plan) -> torch.Tensor:
+        t = self.trainer
+        tq.kv_clear(keys=self.fresh.keys, partition_id=PARTITION)
+        keys, rows, tags = rows_from_groups(plan.trained, t.global_steps)
+        tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=list_of_dict_to_tensordict(rows), tags=tags)
+        batch = KVBatchMeta(keys=keys, tags=tags, partition_id=PARTITION)
+        batch.extra_info["temperature"] = t.config.actor_rollout_ref.rollout.temperature
+        actor = t.config.actor_rollout_ref.actor
+        self.mini_batch_groups = min(len(plan.trained), actor.ppo_mini_batch_size)
+        # fewer groups than a mini-batch: one smaller, from the balance (which pads to it) to the update
+        self.stack.enter_context(swapped(actor, "ppo_mini_batch_size", self.mini_batch_groups))
+        batch = t._balance_batch(batch, metrics=self.metrics)
+        with marked_timer("old_log_prob", self.timing_raw, color="blue"):
+            self.batch = t._compute_old_log_prob(batch, metrics=self.metrics)
+        data = tq.kv_batch_get(keys=self.batch.keys, partition_id=PARTITION,
                                select_fields=["old_log_probs", "rollout_log_probs", "response_mask"])
-        mask = data["response_mask"]
+        self.nested_mask = data["response_mask"] if data["response_mask"].is_nested else None
         # the trained rows in plan order; verl splits the balanced order into contiguous dp shards of mini-batches
-        position = {key: p for p, key in enumerate(batch.keys)}
-        rows = torch.tensor([position[k] for k in keys])
+        position = {key: p for p, key in enumerate(self.batch.keys)}
+        self.rows = torch.tensor([position[k] for k in keys])
         # [B, L] right-padded with zeros: TransferQueue returns a per-token field as a jagged tensor, or as a plain
         # one when every row of the partition has the same length
-        padded = {k: data[k].to_padded_tensor(0.0) if data[k].is_nested else data[k] for k in data.keys()}
-        chosen = DataProto(batch=TensorDict({k: t[rows] for k, t in padded.items()}, batch_size=[len(keys)]))
-        self.replay_step.record(plan, chosen.batch["old_log_probs"])
-        n = self.config.actor_rollout_ref.rollout.n
-        balanced = minibatch_index(len(batch), mini_batch_groups * n, self._dp_size())
-        weights = loss_inputs(chosen, plan, self.replay_step, self._threshold(), clip_low=self._clip("clip_ratio_low"),
-                              clip_high=self._clip("clip_ratio_high"), minibatch=balanced[rows])
+        self.data = {k: (data[k].to_padded_tensor(0.0) if data[k].is_nested else data[k])[self.rows] for k in data.keys()}
+        return self.data["old_log_probs"]
+
+    def loss_layout(self, plan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = int(self.trainer.config.actor_rollout_ref.rollout.n)
+        balanced = minibatch_index(len(self.batch), self.mini_batch_groups * n, self.trainer._dp_size())
+        return self.data["response_mask"], self.data["rollout_log_probs"], balanced[self.rows]
+
+    def put_loss_inputs(self, plan, inputs) -> None:
+        """Every row of the balanced batch gets the fields (padding rows with zeros)."""
         fields = {}
-        for name in BATCH_KEYS:
-            full = torch.zeros(len(batch), chosen.batch[name].shape[1])
-            full[rows] = chosen.batch[name]
-            fields[name] = response_to_nested(full, mask) if mask.is_nested else full
-        tq.kv_batch_put(keys=batch.keys, partition_id=PARTITION, fields=TensorDict(fields, batch_size=[len(batch)]))
-        return self._chi2(plan.trained, chosen), weights
+        for name, value in loss_fields(inputs, self.data["response_mask"].shape[1]).items():
+            full = torch.zeros(len(self.batch), value.shape[1])
+            full[self.rows] = value
+            fields[name] = response_to_nested(full, self.nested_mask) if self.nested_mask is not None else full
+        tq.kv_batch_put(keys=self.batch.keys, partition_id=PARTITION,
+                        fields=TensorDict(fields, batch_size=[len(self.batch)]))
 
 
 class DarlColocateAsyncTrainer(DarlV1Mixin, PPOTrainerColocateAsync):

@@ -32,7 +32,8 @@ from ..core.darts import DartsConfig, LengthSpreadEma, allocate, dual_end_keep, 
 # planning columns, removed before the trainer sees the batch
 GROUP, EXTRA, KEEP_LAST = "darts_group", "darts_extra", "darts_keep_last"
 # per kept row: its part's totals / its rows (responses; tokens of dropped and aborted requests)
-COUNTS = ("darts_generated", "darts_aborted", "darts_dropped", "darts_dropped_tokens", "darts_aborted_tokens")
+COUNTS = ("darts_generated", "darts_aborted", "darts_dropped", "darts_dropped_tokens", "darts_aborted_tokens",
+          "darts_aborts_missed")
 TIMES = ("darts_submitted_at", "darts_last_kept_at")  # per kept row: its part's times (seconds since the epoch)
 POPULATION = 1024  # fully-async plans one prompt at a time: against the EMA's most recent prompts
 _ROW: contextvars.ContextVar = contextvars.ContextVar("darts_row")  # (part, task) of the agent loop running
@@ -70,6 +71,7 @@ class _Part:
     aborted_calls: dict = field(default_factory=dict)  # task -> the abort of its server call (-> partial tokens)
     decoded: dict = field(default_factory=dict)  # task -> tokens of its server calls that returned (earlier turns
     aborted_tokens: int = 0                      # and partial-rollout segments)
+    aborts_missed: int = 0  # aborted requests the server ran to their end anyway (or did not return in time)
 
 
 class DartsAgentLoopWorker(AgentLoopWorker):
@@ -128,8 +130,9 @@ class DartsAgentLoopWorker(AgentLoopWorker):
             if task in part.aborted:  # ours: the group has its n
                 task.uncancel()
                 abort = part.aborted_calls.pop(task, None)
-                partial = await abort if abort is not None else 0  # awaited before the sum is read
+                partial, missed = await abort if abort is not None else (0, False)  # awaited before the sum is read
                 part.aborted_tokens += part.decoded.pop(task, 0) + partial
+                part.aborts_missed += missed
                 return None
             raise
         finally:
@@ -171,6 +174,7 @@ class DartsAgentLoopWorker(AgentLoopWorker):
                     "darts_dropped": len(dropped) / part.n,
                     "darts_dropped_tokens": sum(part.tokens[t] for t in dropped) / part.n,
                     "darts_aborted_tokens": part.aborted_tokens / part.n,
+                    "darts_aborts_missed": part.aborts_missed / part.n,
                     "darts_submitted_at": part.submitted_at,
                     "darts_last_kept_at": max(part.finished_at[t] for t in chosen)})
             keep += kept
@@ -216,9 +220,10 @@ async def _returned(ref):
     return await ref  # a Ray object ref can be awaited again after the awaiting task was cancelled
 
 
-async def _abort_until_returned(handle, request_id: str, ref, period_s: float = 0.25, timeout_s: float = 30.0) -> int:
-    """Aborts `request_id` in its server's engine until the server call returns; the partial response's tokens (0 if
-    it returns nothing in `timeout_s`). Repeated because vLLM ignores an abort of an id it does not hold yet: a request
+async def _abort_until_returned(handle, request_id: str, ref, period_s: float = 0.25,
+                                timeout_s: float = 30.0) -> tuple[int, bool]:
+    """Aborts `request_id` in its server's engine until the server call returns: (the partial response's tokens,
+    whether the abort missed: the server reports the request `completed`, or returned nothing in `timeout_s`). Repeated because vLLM ignores an abort of an id it does not hold yet: a request
     queued in Ray behind the server's max_concurrency, parked during a weight sync or in input processing."""
     loop = asyncio.get_running_loop()
     result, deadline = asyncio.ensure_future(_returned(ref)), loop.time() + timeout_s
@@ -230,11 +235,12 @@ async def _abort_until_returned(handle, request_id: str, ref, period_s: float = 
             await asyncio.wait([result], timeout=period_s)
     if not result.done():
         result.cancel()
-        return 0
+        return 0, True
     try:
-        return len(result.result().token_ids)
+        output = result.result()
     except Exception:  # noqa: BLE001 - a server call that failed: its tokens are not counted
-        return 0
+        return 0, False
+    return len(output.token_ids), getattr(output, "stop_reason", None) == "completed"
 
 
 def abort_in_engine(server, request_id: str, timeout_s: float = 10.0) -> bool:
@@ -345,6 +351,7 @@ class DartsManagerMixin:
                 "rollout_shaping/tokens_decoded": sum(tokens.values()),
                 "rollout_shaping/kept_length_p50": p50, "rollout_shaping/kept_length_p95": p95,
                 "rollout_shaping/generated": c["darts_generated"], "rollout_shaping/aborted": c["darts_aborted"],
+                "rollout_shaping/aborts_missed": c["darts_aborts_missed"],
                 "rollout_shaping/dropped": c["darts_dropped"], "rollout_shaping/kept": c["kept"],
                 "rollout_shaping/responses_per_prompt": c["darts_generated"] / c["prompts"],
                 "rollout_shaping/warmup": c["warmup_prompts"] / c["prompts"],
