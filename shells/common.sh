@@ -1,7 +1,7 @@
 # Shared part of the D-ARL launch scripts (sourced, not run). A script calls
 #     darl_setup <model: 1.7b | 4b> <dataset: gsm8k | math> <trainer GPUs> <rollout GPUs>
 #     darl_run <its own Hydra overrides> "$@"
-# darl_run starts `python -m recipe.darl.main_darl` with the common overrides below, then the script's,
+# darl_run starts `python -m recipe.darl.main_one_step_off` with the common overrides below, then the script's,
 # then the command line's ("$@"; Hydra: the last value of a key wins, `+key=value` adds a key).
 #
 # Environment variables (all optional; defaults in brackets):
@@ -190,7 +190,7 @@ darl_setup() {
 }
 
 darl_run() {
-    local cmd=("$PYTHON" -m "${DARL_MAIN:-recipe.darl.main_darl}" "${DARL_COMMON_ARGS[@]}" "$@")
+    local cmd=("$PYTHON" -m "${DARL_MAIN:-recipe.darl.main_one_step_off}" "${DARL_COMMON_ARGS[@]}" "$@")
     if [[ -n "${DARL_PRINT_CMD:-}" && "${DARL_PRINT_CMD}" != 0 ]]; then
         printf '%q ' "${cmd[@]}"
         printf '\n'

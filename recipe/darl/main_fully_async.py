@@ -1,5 +1,5 @@
 """Entry point of the fully-async trainer: `python -m recipe.darl.main_fully_async [hydra overrides]`; the config
-is read and checked as in `main_darl`, the fully-async keys included."""
+is read and checked as in `main_one_step_off`, the fully-async keys included."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from recipe.darl.checks.config_check import fully_async_findings
-from .main_darl import prepare_config, rewrite_plus_overrides, run_or_print
+from .main_one_step_off import prepare_config, rewrite_plus_overrides, run_or_print
 
 
 def prepare_fully_async_config(config: DictConfig) -> DictConfig:
@@ -22,7 +22,7 @@ def prepare_fully_async_config(config: DictConfig) -> DictConfig:
     return migrate_legacy_reward_impl(config)
 
 
-@hydra.main(config_path="config", config_name="darl_fully_async_trainer", version_base=None)
+@hydra.main(config_path="config", config_name="fully_async_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     run_or_print(prepare_fully_async_config(config), "DarlFullyAsyncTaskRunner")
 

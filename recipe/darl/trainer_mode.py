@@ -1,6 +1,6 @@
 """Which of verl's V0 trainers a config is for, and what follows from it, in one place.
 
-The entry points fix the trainer (main_darl: one-step-off, main_fully_async, main_v1 with `v1=True`); code that has
+The entry points fix the trainer (main_one_step_off: one-step-off, main_fully_async, main_v1 with `v1=True`); code that has
 only the config (the checks, the workers, the estimate) asks here. The fully-async config is the one with an
 `async_training` group (verl's fully_async_ppo_trainer.yaml).
 """

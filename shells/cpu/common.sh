@@ -184,7 +184,7 @@ darl_cpu_setup() {
 
 darl_cpu_run() {
     # the one-step-off task runner alone asks for 10 logical CPUs
-    "$PYTHON" -m recipe.darl.main_darl "${DARL_CPU_ARGS[@]}" $(ray_resource num_cpus $((15 + TRAINER_RANKS))) $(ray_job_env) "$@"
+    "$PYTHON" -m recipe.darl.main_one_step_off "${DARL_CPU_ARGS[@]}" $(ray_resource num_cpus $((15 + TRAINER_RANKS))) $(ray_job_env) "$@"
 }
 
 # verl's fully-async pipeline on the same example: a rollouter streams groups into verl's MessageQueue; each

@@ -58,7 +58,7 @@ def base_env(tmp: Path) -> dict[str, str]:
 
 
 def parse_dry_run(stdout: str) -> dict:
-    """The resolved config main_darl prints (log lines before it dropped)."""
+    """The resolved config main_one_step_off prints (log lines before it dropped)."""
     return yaml.safe_load("\n".join(line for line in stdout.splitlines() if not _LOG_LINE.match(line)))
 
 
@@ -70,11 +70,11 @@ def compose(jobs: list[tuple[Path, list[str], dict]]) -> list[dict]:
     from hydra import compose as hydra_compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from recipe.darl import main_darl, main_fully_async
+    from recipe.darl import main_one_step_off, main_fully_async
 
-    entry = {"recipe.darl.main_darl": ("darl_trainer", main_darl.prepare_config),
-             "recipe.darl.main_fully_async": ("darl_fully_async_trainer", main_fully_async.prepare_fully_async_config),
-             "recipe.darl.main_v1": ("darl_v1_trainer", lambda cfg: main_darl.prepare_config(cfg, v1=True))}
+    entry = {"recipe.darl.main_one_step_off": ("one_step_off_trainer", main_one_step_off.prepare_config),
+             "recipe.darl.main_fully_async": ("fully_async_trainer", main_fully_async.prepare_fully_async_config),
+             "recipe.darl.main_v1": ("v1_trainer", lambda cfg: main_one_step_off.prepare_config(cfg, v1=True))}
     out = []
     for script, args, env in jobs:
         printed = subprocess.run(["bash", str(script), *args], env={**env, "DARL_PRINT_CMD": "1"}, capture_output=True,
@@ -87,7 +87,7 @@ def compose(jobs: list[tuple[Path, list[str], dict]]) -> list[dict]:
         os.environ.update(env)
         try:
             with initialize_config_module("recipe.darl.config", version_base=None):
-                cfg = hydra_compose(config_name=config_name, overrides=main_darl.rewrite_plus_overrides(overrides))
+                cfg = hydra_compose(config_name=config_name, overrides=main_one_step_off.rewrite_plus_overrides(overrides))
             out.append(OmegaConf.to_container(prepare(cfg), resolve=True))
         finally:
             os.environ.clear()
@@ -147,7 +147,7 @@ def check_key_values(fam, trainer_gpus: int, rollout_gpus: int, dataset: str) ->
         assert attn == (None if flash_attn_importable() else "sdpa")
         assert trainer["n_gpus_per_node"] == trainer_gpus and trainer["nnodes"] == 1
         assert cfg["rollout"]["n_gpus_per_node"] == rollout_gpus and cfg["rollout"]["nnodes"] == 1
-        assert rollout["n_gpus_per_node"] == rollout_gpus and rollout["nnodes"] == 1  # main_darl's one-step-off copy
+        assert rollout["n_gpus_per_node"] == rollout_gpus and rollout["nnodes"] == 1  # main_one_step_off's one-step-off copy
         assert arr["actor"]["strategy"] == "fsdp2" and arr["actor"]["fsdp_config"]["strategy"] == "fsdp2"
         assert algo["adv_estimator"] == "grpo" and arr["actor"]["use_kl_loss"] is False
         assert arr["actor"]["optim"]["lr"] == pytest.approx(1e-6)

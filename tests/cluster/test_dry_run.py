@@ -18,3 +18,13 @@ def test_a_dry_run_resolves_to_the_config_composed_in_process(tmp_path):
         assert a["replay"]["k"] == 3 and a["trainer"]["total_training_steps"] == 7  # the overrides reached both
     assert real[1]["rollout_shaping"]["enable"] is True and "async_training" in real[1]
     assert real[2]["trainer"]["v1"]["trainer_mode"] == "separate_async"
+
+
+def test_the_original_repositorys_entry_point_name_runs_the_one_step_off_trainer(tmp_path):
+    """`python -m recipe.darl.main_darl` (the original D-ARL scripts' entry point) resolves the one-step-off script to
+    the config `main_one_step_off` gives, its `+replay.*` overrides read as the original scripts write them."""
+    env = base_env(tmp_path)
+    args = ["+replay.k=3", "+replay.enable=true"]
+    ours, original = run_dry([(SCRIPTS[0], args, env), (SCRIPTS[0], args, {**env, "DARL_MAIN": "recipe.darl.main_darl"})],
+                             timeout=240)
+    assert diff_keys(ours, original) == set() and original["replay"]["k"] == 3

@@ -17,7 +17,7 @@ PMIS_17B = SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
 FA_PMIS = SHELLS / "fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
 
 
-def _compose(*overrides, config_name="darl_trainer"):
+def _compose(*overrides, config_name="one_step_off_trainer"):
     with initialize_config_module(config_module="recipe.darl.config", version_base=None):
         return compose(config_name=config_name, overrides=list(overrides))
 
@@ -29,7 +29,7 @@ def _attn(cfg):
 # --------------------------------------------------------------------------- attention
 
 
-@pytest.mark.parametrize("config_name", ["darl_trainer", "darl_fully_async_trainer"])
+@pytest.mark.parametrize("config_name", ["one_step_off_trainer", "fully_async_trainer"])
 def test_flash_attn_importable_keeps_verls_default(config_name):
     cfg = _compose(config_name=config_name)
     assert _attn(cfg) is None  # verl then uses flash_attention_2 (verl/workers/config/model.py)
@@ -37,7 +37,7 @@ def test_flash_attn_importable_keeps_verls_default(config_name):
     assert _attn(cfg) is None
 
 
-@pytest.mark.parametrize("config_name", ["darl_trainer", "darl_fully_async_trainer"])
+@pytest.mark.parametrize("config_name", ["one_step_off_trainer", "fully_async_trainer"])
 def test_missing_flash_attn_selects_sdpa_and_says_so(config_name):
     cfg = _compose(config_name=config_name)
     line = select_attention(cfg, importable=lambda: False)

@@ -312,7 +312,7 @@ def test_usr1_requeues_anyway_when_the_save_outlasts_stop_wait_s(slurm):
 
 
 def test_job_dry_run_composes_a_real_launch_script(slurm, tmp_path):
-    """Inside a (stub) job: run.sh -> the pmis_sg script -> main_darl with DARL_DRY_RUN=1, GPU counts from run.sh's env."""
+    """Inside a (stub) job: run.sh -> the pmis_sg script -> main_one_step_off with DARL_DRY_RUN=1, GPU counts from run.sh's env."""
     tmp, _, job, _ = slurm
     (tmp_path / "d").mkdir()
     env = base_env(tmp_path / "d")

@@ -38,7 +38,7 @@ def test_defaults_without_python(tmp_path):
         assert f"data.train_files={tmp_path}/data/{dataset}/train.parquet " in out
         assert f"data.val_files={tmp_path}/data/{val} " in out
         assert f"trainer.default_local_dir={tmp_path}/checkpoints/darl/{p.stem} " in out
-        assert out.startswith(f"{sys.executable} -m recipe.darl.main_darl ")
+        assert out.startswith(f"{sys.executable} -m recipe.darl.main_one_step_off ")
 
 
 def test_env_and_passthrough_overrides(tmp_path):

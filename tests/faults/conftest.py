@@ -29,5 +29,5 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def trainer_hooks():
-    """tests/trainer/test_trainer_hooks.py: `make_trainer` (a DarlTrainer without Ray), `run_step`, `uids`."""
+    """tests/trainer/test_trainer_hooks.py: `make_trainer` (a DarlOneStepOffTrainer without Ray), `run_step`, `uids`."""
     return hooks

@@ -115,7 +115,7 @@ def session_process(sid: int, matches) -> int | None:
 
 def driver_pid(sid: int) -> int | None:
     """The job's driver: the process of session `sid` running a D-ARL entry point (what run.sh sends USR1 to)."""
-    entry_points = (b"recipe.darl.main_darl", b"recipe.darl.main_fully_async", b"recipe.darl.main_v1")
+    entry_points = (b"recipe.darl.main_one_step_off", b"recipe.darl.main_fully_async", b"recipe.darl.main_v1")
     return session_process(sid, lambda argv: any(e in argv for e in entry_points))
 
 

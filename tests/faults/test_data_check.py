@@ -116,7 +116,7 @@ def test_the_real_tokenizer_counts_the_chat_template(tmp_path, rows):
 
 
 def test_the_entry_point_refuses_bad_data_before_ray(tmp_path, rows):
-    """main_darl's dry run (no Ray): the data problem is in the ConfigError, with the row and field."""
+    """main_one_step_off's dry run (no Ray): the data problem is in the ConfigError, with the row and field."""
     from recipe.darl.example.tiny_model import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", seed=0, hidden_size=64)
@@ -124,7 +124,7 @@ def test_the_entry_point_refuses_bad_data_before_ray(tmp_path, rows):
     train = write_parquet(rows, tmp_path / "train.parquet")
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", DARL_DRY_RUN="1", VERL_PLATFORM="cpu")
     done = subprocess.run(
-        [sys.executable, "-m", "recipe.darl.main_darl", "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.model.path={model}",
+        [sys.executable, "-m", "recipe.darl.main_one_step_off", "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.model.path={model}",
          f"data.train_files={train}", f"data.val_files={train}", "trainer.device=cpu", "trainer.logger=[console]"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0

@@ -189,7 +189,7 @@ def test_one_step_off_weight_sync_to_a_dead_server_names_it_and_the_step(monkeyp
     """The kill can land after the next batch was generated: the weight sync before the update finds the dead server."""
     from recipe.darl.trainers import one_step_off as osp
 
-    trainer = osp.DarlTrainer.__new__(osp.DarlTrainer)
+    trainer = osp.DarlOneStepOffTrainer.__new__(osp.DarlOneStepOffTrainer)
     trainer.global_steps = 4
     trainer.config = OmegaConf.create({"faults": {"generation_timeout_s": 60}})
     trainer.llm_server_manager = SimpleNamespace(server_handles=[Handle("ab" * 8, "dead")],
@@ -258,7 +258,7 @@ def test_one_step_off_weight_sync_hanging_on_a_dead_server_names_it_and_the_step
     never = threading.Event()
     monkeypatch.setattr(osp.OneStepOffRayTrainer, "_fit_update_weights", lambda self: never.wait())
     monkeypatch.setattr(fr, "SYNC_POLL_S", 0.1)
-    trainer = osp.DarlTrainer.__new__(osp.DarlTrainer)
+    trainer = osp.DarlOneStepOffTrainer.__new__(osp.DarlOneStepOffTrainer)
     trainer.global_steps = 2
     trainer.config = OmegaConf.create({"faults": {"generation_timeout_s": 3600}})
     trainer.llm_server_manager = SimpleNamespace(server_handles=[Handle("ef" * 8, "dead")],

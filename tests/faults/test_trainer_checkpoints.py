@@ -1,4 +1,4 @@
-"""A kill at each point of DarlTrainer's checkpoint save, then a resume (no Ray; verl's own `_save_checkpoint` and
+"""A kill at each point of DarlOneStepOffTrainer's checkpoint save, then a resume (no Ray; verl's own `_save_checkpoint` and
 `_load_checkpoint` with the trainer tests' stand-in actor). The kill is the fault hook itself, made to raise
 instead of SIGKILL, so the save stops exactly where a kill would stop it; the end-to-end kills are in
 test_kill_resume.py."""

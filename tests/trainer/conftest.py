@@ -26,7 +26,7 @@ def paths(tmp_path: Path) -> dict[str, str]:
 def compose_config(paths):
     """compose(*overrides) -> the composed config, with paths that exist and a valid replay setup."""
 
-    def _compose(*overrides: str, valid_base: bool = True, config_name: str = "darl_trainer"):
+    def _compose(*overrides: str, valid_base: bool = True, config_name: str = "one_step_off_trainer"):
         base = [
             "actor_rollout_ref.rollout.name=vllm",
             f"actor_rollout_ref.model.path={paths['model']}",

@@ -5,7 +5,7 @@ from omegaconf import OmegaConf
 
 from recipe.darl.checks.config_check import ConfigError, check_config, validate_or_raise
 from recipe.darl.checks.fixups import apply_compat_aliases, apply_fixups
-from recipe.darl.main_darl import rewrite_plus_overrides
+from recipe.darl.main_one_step_off import rewrite_plus_overrides
 
 REPLAY_ON = ("replay.enable=true", "algorithm.rollout_correction.bypass_mode=false")
 
@@ -162,7 +162,7 @@ def test_darts_is_refused_with_full_determinism(compose_config):
 
 def test_rollout_shaping_in_the_fully_async_config(compose_config):
     cfg = compose_config("rollout_shaping.enable=true", "rollout_shaping.keep_last=1", "actor_rollout_ref.rollout.n=4",
-                         config_name="darl_fully_async_trainer")
+                         config_name="fully_async_trainer")
     assert [p for p in problems(cfg) if "rollout_shaping" in p] == []
     assert cfg.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class") is None  # installed in the rollouter
 
@@ -178,8 +178,8 @@ def test_rollout_shaping_in_the_fully_async_config(compose_config):
     ],
 )
 def test_each_fully_async_launch_problem_names_its_key(compose_config, overrides, key):
-    assert problems(compose_config(config_name="darl_fully_async_trainer")) == []
-    found = problems(compose_config(*overrides, config_name="darl_fully_async_trainer"))
+    assert problems(compose_config(config_name="fully_async_trainer")) == []
+    found = problems(compose_config(*overrides, config_name="fully_async_trainer"))
     assert any(key in p for p in found), found
 
 
@@ -188,17 +188,17 @@ def v1_problems(cfg):
 
 
 def test_the_v1_config_and_a_replay_setup_are_valid(compose_config):
-    cfg = compose_config(*REPLAY_ON, "replay.k=4", "algorithm.rollout_is=true", config_name="darl_v1_trainer")
+    cfg = compose_config(*REPLAY_ON, "replay.k=4", "algorithm.rollout_is=true", config_name="v1_trainer")
     assert v1_problems(cfg) == []
     assert cfg.trainer.use_v1 is True and cfg.trainer.v1.trainer_mode == "colocate_async"
     separate = ("trainer.v1.trainer_mode=separate_async", "data.train_batch_size=32",
                 "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.rollout.nnodes=1",
                 "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
                 "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl")
-    assert v1_problems(compose_config(*REPLAY_ON, *separate, config_name="darl_v1_trainer")) == []
+    assert v1_problems(compose_config(*REPLAY_ON, *separate, config_name="v1_trainer")) == []
     # without replay verl's own step computes the reference log-probs a KL term reads
     kl = ("actor_rollout_ref.actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true")
-    assert v1_problems(compose_config(*kl, config_name="darl_v1_trainer")) == []
+    assert v1_problems(compose_config(*kl, config_name="v1_trainer")) == []
     # the V0 trainers' rule on the same setting is the opposite one
     assert any("hybrid_engine" in p for p in problems(cfg))
 
@@ -223,5 +223,5 @@ def test_the_v1_config_and_a_replay_setup_are_valid(compose_config):
     ],
 )
 def test_each_v1_problem_names_its_key(compose_config, overrides, key):
-    found = v1_problems(compose_config(*overrides, config_name="darl_v1_trainer"))
+    found = v1_problems(compose_config(*overrides, config_name="v1_trainer"))
     assert any(key in p for p in found), found

@@ -25,7 +25,7 @@ from recipe.darl.trainers.fully_async import DarlFullyAsyncTrainer, DarlFullyAsy
 
 from test_trainer_hooks import make_trainer, run_step, uids
 
-FULLY_ASYNC = "darl_fully_async_trainer"
+FULLY_ASYNC = "fully_async_trainer"
 
 
 def _leaves(node, prefix=""):

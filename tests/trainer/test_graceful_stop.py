@@ -1,4 +1,4 @@
-"""The stop request (recipe/darl/robustness/stop_request.py) without Ray: SIGUSR1 writes it; DarlTrainer saves at the step
+"""The stop request (recipe/darl/robustness/stop_request.py) without Ray: SIGUSR1 writes it; DarlOneStepOffTrainer saves at the step
 boundary, sets verl's is_last_step and removes it; the fully-async trainer saves at the next weight sync, ends
 verl's fit and then the rollouter's (verl's own rollouter code, run on one event loop with stand-ins); a request
 left by an earlier job is removed once the resume has run. run.sh's part is in tests/cluster/test_run_sh.py."""
@@ -54,7 +54,7 @@ def test_sigusr1_writes_the_stop_request(tmp_path, capsys):
 def test_both_entry_points_install_it_right_before_run_ppo_not_on_a_dry_run(compose_config, monkeypatch, capsys):
     import verl.trainer.main_ppo
 
-    from recipe.darl import main_darl
+    from recipe.darl import main_one_step_off
 
     cfg = compose_config()
     seen = []
@@ -63,10 +63,10 @@ def test_both_entry_points_install_it_right_before_run_ppo_not_on_a_dry_run(comp
     before = signal.getsignal(signal.SIGUSR1)
     try:
         monkeypatch.setenv("DARL_DRY_RUN", "1")
-        main_darl.run_or_print(cfg, "DarlTaskRunner")
+        main_one_step_off.run_or_print(cfg, "DarlTaskRunner")
         assert seen == [] and signal.getsignal(signal.SIGUSR1) is before
         monkeypatch.delenv("DARL_DRY_RUN")
-        main_darl.run_or_print(cfg, "DarlTaskRunner")  # main_fully_async goes through the same function
+        main_one_step_off.run_or_print(cfg, "DarlTaskRunner")  # main_fully_async goes through the same function
         from recipe.darl.trainers.task_runners import DarlTaskRunner
 
         assert len(seen) == 1 and seen[0][0].__name__ == "on_usr1" and seen[0][1] is DarlTaskRunner

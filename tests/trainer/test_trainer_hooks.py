@@ -1,4 +1,4 @@
-"""DarlTrainer's replay hooks on real DataProto batches through verl's own fit-step code.
+"""DarlOneStepOffTrainer's replay hooks on real DataProto batches through verl's own fit-step code.
 
 The actor worker group is replaced by a stand-in whose old-log-prob forward returns chosen values
 (so every log-ratio is known by hand) and whose update records the batch it was given; verl's
@@ -19,7 +19,7 @@ from verl import DataProto
 from recipe.darl.checks.config_check import validate_or_raise
 from recipe.darl.checks.fixups import apply_fixups
 from recipe.darl.core import ReplayConfig, ReplayStep
-from recipe.darl.trainers.one_step_off import BUFFER_FILE, DarlTrainer
+from recipe.darl.trainers.one_step_off import BUFFER_FILE, DarlOneStepOffTrainer
 
 
 class StandInActor:
@@ -38,9 +38,9 @@ class StandInActor:
         self.loaded.append(local_path)
 
 
-def make_trainer(cfg, deltas: dict[str, float]) -> DarlTrainer:
-    """A DarlTrainer without Ray: old log-probs = rollout log-probs + deltas[uid] on response tokens."""
-    trainer = DarlTrainer.__new__(DarlTrainer)
+def make_trainer(cfg, deltas: dict[str, float]) -> DarlOneStepOffTrainer:
+    """A DarlOneStepOffTrainer without Ray: old log-probs = rollout log-probs + deltas[uid] on response tokens."""
+    trainer = DarlOneStepOffTrainer.__new__(DarlOneStepOffTrainer)
     trainer.config = cfg
     trainer.replay = ReplayConfig.from_dict(dict(cfg.replay))
     trainer.replay_step = ReplayStep(trainer.replay)
@@ -67,7 +67,7 @@ def make_trainer(cfg, deltas: dict[str, float]) -> DarlTrainer:
     return trainer
 
 
-def run_step(trainer: DarlTrainer, batch: DataProto, save: bool = False) -> DataProto:
+def run_step(trainer: DarlOneStepOffTrainer, batch: DataProto, save: bool = False) -> DataProto:
     """The hooks of verl's fit_step that D-ARL touches, in verl's order."""
     trainer.metrics, trainer.timing_raw = {}, {}
     batch = trainer._fit_compute_reward(batch)

@@ -91,7 +91,7 @@ def generated_batch(model):
 
 
 def trainer_batch(model, dp_size: int, order: list[int] | None = None):
-    """The DataProto DarlTrainer hands to verl's `_update_actor` (groups in `order`, loss inputs for `dp_size`),
+    """The DataProto DarlOneStepOffTrainer hands to verl's `_update_actor` (groups in `order`, loss inputs for `dp_size`),
     and the replay config it used."""
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
@@ -135,7 +135,7 @@ def update_actor_input(batch) -> "TensorDict":
     from verl.utils import tensordict_utils as tu
 
     with initialize_config_module(config_module="recipe.darl.config", version_base=None):
-        config = compose(config_name="darl_trainer", overrides=[
+        config = compose(config_name="one_step_off_trainer", overrides=[
             f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI_GROUPS}", f"actor_rollout_ref.rollout.n={N}"])
 
     class StandIn:

@@ -160,7 +160,7 @@ def _v1_problems(cfg: DictConfig, replay: bool) -> list[str]:
                         "no reference log-probs (verl's KL penalty in the reward reads them); set it false")
     if (cfg.get("rollout_shaping") or {}).get("enable", False):
         problems.append("rollout_shaping.enable=true: DARTS runs on the one-step-off and fully-async trainers "
-                        "(recipe.darl.main_darl, main_fully_async), not on V1")
+                        "(recipe.darl.main_one_step_off, main_fully_async), not on V1")
     return problems
 
 

@@ -9,10 +9,10 @@ from recipe.darl.robustness.rollout_watch import generation_timeout, guard_gener
 from recipe.darl.trainers.replay_mixin import BUFFER_FILE, ReplayStepMixin
 from recipe.darl.trainers.run_guard import RunGuardMixin
 
-__all__ = ["BUFFER_FILE", "DarlTrainer"]
+__all__ = ["BUFFER_FILE", "DarlOneStepOffTrainer"]
 
 
-class DarlTrainer(RunGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
+class DarlOneStepOffTrainer(RunGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
     """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss, and the run guard."""
 
     def __init__(self, config, *args, **kwargs):

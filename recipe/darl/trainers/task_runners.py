@@ -24,9 +24,9 @@ class DarlTaskRunnerImpl(OneStepTaskRunnerBase):
     """verl's one-step-off task runner (tokenizer, datasets, workers, `fit`), building the D-ARL trainer."""
 
     def run(self, config) -> None:
-        from .one_step_off import DarlTrainer
+        from .one_step_off import DarlOneStepOffTrainer
 
-        with swapped(one_step_off_main, "OneStepOffRayTrainer", DarlTrainer):
+        with swapped(one_step_off_main, "OneStepOffRayTrainer", DarlOneStepOffTrainer):
             super().run(config)
 
 
