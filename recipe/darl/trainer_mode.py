@@ -1,13 +1,24 @@
-"""Which of verl's V0 trainers a config is for, and what follows from it, in one place.
+"""Which trainer a config is for, and what follows from it, in one place.
 
-The entry points fix the trainer (main_one_step_off: one-step-off, main_fully_async, main_v1 with `v1=True`); code that has
-only the config (the checks, the workers, the estimate) asks here. The fully-async config is the one with an
-`async_training` group (verl's fully_async_ppo_trainer.yaml).
+The entry points fix the trainer (main_one_step_off, main_fully_async, main_v1 with `v1=True`); code that has only
+the config (the checks, the workers, the estimate) asks here. The fully-async config is the one with an
+`async_training` group (verl's fully_async_ppo_trainer.yaml); V1's mode is its `trainer.v1.trainer_mode`.
 """
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
+
+ONE_STEP_OFF, FULLY_ASYNC = "one_step_off", "fully_async"
+V0_MODES = (ONE_STEP_OFF, FULLY_ASYNC)
+V1_MODES = ("colocate_async", "separate_async")  # verl's V1 trainer modes D-ARL runs on
+
+
+def trainer_mode(cfg: DictConfig, v1: bool = False) -> str:
+    """one_step_off, fully_async, or (v1: the config of verl's V1 trainer) its `trainer.v1.trainer_mode` as written."""
+    if v1:
+        return str(cfg.trainer.v1.trainer_mode)
+    return FULLY_ASYNC if is_fully_async(cfg) else ONE_STEP_OFF
 
 
 def is_fully_async(cfg: DictConfig) -> bool:

@@ -55,14 +55,14 @@ def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
         (("+reward.custom_reward_function.reward_kwargs.code_sandbox=bwrap",),
          "reward.custom_reward_function.reward_kwargs.code_sandbox must be one of auto, namespaces, limits, got 'bwrap'"),
         # what verl 0.9.1 refuses only after Ray, the workers and the models have started
-        (("trainer.resume_mode=latest",), "trainer.resume_mode must be auto, disable or resume_path, got 'latest'"),
+        (("trainer.resume_mode=latest",), "trainer.resume_mode=latest: must be one of auto, disable, resume_path"),
         (("trainer.resume_mode=resume_path", "trainer.resume_from_path=/ckpt/run1"), "trainer.resume_from_path=<checkpoint dir>"),
         (("trainer.default_hdfs_dir=hdfs://ckpt",), "trainer.default_hdfs_dir is set"),
         (("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",), "log_prob_use_dynamic_bsz must be equal"),
         (("actor_rollout_ref.rollout.tensor_model_parallel_size=2",), "rollout.nnodes=1 x rollout.n_gpus_per_node=1 GPUs"),
         (("rollout.n_gpus_per_node=0",), "rollout.n_gpus_per_node=0 GPUs"),
         (("actor_rollout_ref.rollout.calculate_log_probs=false",), "bypass_mode=true (the rollout's log-probs"),
-        (("algorithm.rollout_correction.rollout_is=seq",), "rollout_is must be null, token or sequence, got 'seq'"),
+        (("algorithm.rollout_correction.rollout_is=seq",), "rollout_is=seq: must be one of null, token, sequence"),
         (("actor_rollout_ref.rollout.agent.num_workers=3",), "must split evenly over actor_rollout_ref.rollout.agent.num_workers=3"),
         (("algorithm.adv_estimator=gae", "critic.strategy=fsdp2"), "critic.strategy='fsdp2'"),
     ],
@@ -151,7 +151,7 @@ def test_darts_is_refused_on_rollouts_without_a_per_request_abort(compose_config
 def test_the_console_mode_is_checked(compose_config):
     assert compose_config().console == "compact"
     assert not any("console" in p for p in problems(compose_config("console=full")))
-    assert any("console must be one of compact, full, got 'fancy'" in p for p in problems(compose_config("console=fancy")))
+    assert any("console=fancy: must be one of compact, full" in p for p in problems(compose_config("console=fancy")))
 
 
 def test_darts_is_refused_with_full_determinism(compose_config):
@@ -170,7 +170,7 @@ def test_rollout_shaping_in_the_fully_async_config(compose_config):
 @pytest.mark.parametrize(
     "overrides,key",
     [
-        (("data.gen_batch_size=2",), "data.gen_batch_size must be 1 in the fully-async trainer, got 2"),
+        (("data.gen_batch_size=2",), "data.gen_batch_size=2: must be 1"),
         (("algorithm.rollout_correction.bypass_mode=false", "actor_rollout_ref.rollout.calculate_log_probs=false"),
          "verl's fully-async rollouter needs actor_rollout_ref.rollout.calculate_log_probs=true"),
         (("rollout.n_gpus_per_node=1",), "rollout.nnodes=1 x rollout.n_gpus_per_node=1 GPUs"),
@@ -225,3 +225,22 @@ def test_the_v1_config_and_a_replay_setup_are_valid(compose_config):
 def test_each_v1_problem_names_its_key(compose_config, overrides, key):
     found = v1_problems(compose_config(*overrides, config_name="v1_trainer"))
     assert any(key in p for p in found), found
+
+
+def test_a_rule_applies_in_its_trainer_modes_under_its_condition():
+    """The rule table's engine on a hand-made config: the mode, the condition key and the allowed values decide; True
+    does not pass for 1 (nor 0 for False)."""
+    from omegaconf import OmegaConf
+
+    from recipe.darl.checks.rules import Rule, rule_problems
+
+    rules = (Rule("a.b", (1,), "why", when=("replay.enable", True), modes=("fully_async",)),
+             Rule("flag", (False,)))
+    cfg = OmegaConf.create({"a": {"b": 2}, "replay": {"enable": True}, "flag": 0})
+    assert rule_problems(cfg, "fully_async", rules) == [
+        "a.b=2 with replay.enable=true: must be 1 (why)", "flag=0: must be false"]
+    assert rule_problems(cfg, "one_step_off", rules) == ["flag=0: must be false"]  # not in its modes
+    cfg.replay.enable, cfg.flag, cfg.a.b = False, False, True
+    assert rule_problems(cfg, "fully_async", rules) == []  # condition off; a.b is not checked
+    cfg.replay.enable = True
+    assert rule_problems(cfg, "fully_async", rules) == ["a.b=true with replay.enable=true: must be 1 (why)"]

@@ -70,7 +70,7 @@ def test_fully_async_checks_name_the_keys_and_numbers(compose_config):
     assert any("replay.warmup=48" in p for p in check_config(bad))
     wrong_batch = _fa(compose_config, "data.train_batch_size=4")
     apply_compat_aliases(wrong_batch)
-    assert any("data.train_batch_size must be 0" in p for p in check_config(wrong_batch))
+    assert any("data.train_batch_size=4: must be 0" in p for p in check_config(wrong_batch))
     with pytest.raises(ValueError, match="bypass_mode=true"):
         bad_mode = _fa(compose_config, "algorithm.rollout_correction.bypass_mode=true")
         validate_or_raise(bad_mode, extra=apply_fixups(bad_mode)[0])

@@ -15,17 +15,12 @@ from ..core import group_multiple
 from ..core.config import ReplayConfig, as_list, is_int, is_number
 from ..core.darts import DartsConfig
 from ..rewards.code_reward import SANDBOXES
-from ..trainer_mode import is_fully_async, step_budget
-from ..trainers.console import MODES as CONSOLE_MODES
-
-GROUP_ESTIMATORS = {"grpo", "rloo", "grpo_passk", "opo", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline"}
+from ..trainer_mode import V1_MODES, is_fully_async, step_budget, trainer_mode
+from .rules import rule_problems
 
 
 class ConfigError(ValueError):
     """A config the D-ARL trainer cannot run; the message lists every problem, one per line."""
-
-
-V1_MODES = ("colocate_async", "separate_async")
 
 
 def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
@@ -38,17 +33,14 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     arr = cfg.actor_rollout_ref
     corr = cfg.algorithm.rollout_correction
 
+    problems += rule_problems(cfg, trainer_mode(cfg, v1))
     threshold = corr.rollout_is_threshold
     if is_number(threshold) and float(threshold) <= 0:
         problems.append(f"algorithm.rollout_correction.rollout_is_threshold must be > 0, got {threshold}")
     if v1:
         problems += _v1_problems(cfg, enabled)
-    elif arr.hybrid_engine:
-        problems.append("actor_rollout_ref.hybrid_engine=true: the one-step-off trainer runs rollout on its own GPUs; set it false")
     if not arr.rollout.get("name"):
         problems.append("actor_rollout_ref.rollout.name is required (e.g. vllm)")
-    if arr.rollout.get("mode", "async") != "async":
-        problems.append(f"actor_rollout_ref.rollout.mode must be async, got {arr.rollout.mode!r}")
 
     bypass = bool(corr.get("bypass_mode", False))
     users = [user for on, user in ((enabled, "replay.enable=true (behavior log-probs for the scores and weights)"),
@@ -56,23 +48,9 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
                                    (is_fully_async(cfg), "verl's fully-async rollouter")) if on]
     if users and not arr.rollout.get("calculate_log_probs", False):
         problems.append(f"{users[0]} needs actor_rollout_ref.rollout.calculate_log_probs=true")
-    if corr.get("rollout_is") not in (None, "token", "sequence"):
-        problems.append(f"algorithm.rollout_correction.rollout_is must be null, token or sequence, got {corr.rollout_is!r}")
-    if enabled:
-        if bypass:
-            problems.append("replay.enable=true needs decoupled mode: set algorithm.rollout_correction.bypass_mode=false "
-                            "(replayed samples need old log-probs recomputed by the current weights)")
-        if not is_number(threshold):
-            problems.append(f"replay needs a float algorithm.rollout_correction.rollout_is_threshold (C), got {threshold!r}")
-        if corr.get("rollout_is") == "sequence":
-            problems.append("replay uses token-level weights: algorithm.rollout_correction.rollout_is must be null or token, got 'sequence'")
-        if corr.get("rollout_rs") is not None:
-            problems.append("algorithm.rollout_correction.rollout_rs is not supported with replay.enable=true (it would change the masks of selected samples)")
-        if cfg.algorithm.adv_estimator not in GROUP_ESTIMATORS:
-            problems.append(f"replay stores whole groups for a group-relative estimator; algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} is not one")
-        if arr.actor.get("shuffle", False):
-            problems.append("actor_rollout_ref.actor.shuffle=true: D-ARL's per-mini-batch source weights need verl's sequential mini-batches; set it false")
-    else:
+    if enabled and not is_number(threshold):
+        problems.append(f"replay needs a float algorithm.rollout_correction.rollout_is_threshold (C), got {threshold!r}")
+    if not enabled:
         value = replay_values.get("prompt_replay")
         if value is not None and value is not False:
             problems.append(f"replay.prompt_replay={value!r} needs replay.enable=true (the store lives in the replay "
@@ -88,8 +66,6 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     problems += _path_problems(cfg)
     problems += _fault_problems(cfg)
     problems += _darts_problems(cfg)
-    if cfg.get("console", "compact") not in CONSOLE_MODES:
-        problems.append(f"console must be one of {', '.join(CONSOLE_MODES)}, got {cfg.get('console')!r}")
     return problems
 
 
@@ -110,9 +86,6 @@ def _darts_problems(cfg: DictConfig) -> list[str]:
         problems.append(f"rollout_shaping.enable=true with actor_rollout_ref.rollout.name={rollout.name}: DARTS cuts a "
                         f"group's tail by aborting single requests, and verl 0.9.1's {rollout.name} server has no "
                         "per-request abort (only abort_all_requests); use rollout.name=vllm")
-    if rollout.get("full_determinism", False):
-        problems.append("rollout_shaping.enable=true with actor_rollout_ref.rollout.full_determinism=true: verl then "
-                        "names every request of a priority alike, so one tail cut would abort other groups' requests")
     current = rollout.agent.get("agent_loop_manager_class")
     if is_fully_async(cfg):
         if current:
@@ -129,13 +102,7 @@ def _v1_problems(cfg: DictConfig, replay: bool) -> list[str]:
     mode = cfg.trainer.v1.trainer_mode
     if mode not in V1_MODES:
         problems.append(f"trainer.v1.trainer_mode={mode!r}: D-ARL runs on verl's V1 modes {', '.join(V1_MODES)}")
-    if not cfg.actor_rollout_ref.hybrid_engine:
-        problems.append("actor_rollout_ref.hybrid_engine=false: verl 0.9.1's V1 trainer needs true (colocate_async runs "
-                        "the rollout in the trainer's workers; separate_async's false path fails before the first step)")
     sync_step = cfg.trainer.v1.separate_async.parameter_sync_step
-    if replay and mode == "separate_async" and sync_step != 1:
-        problems.append(f"trainer.v1.separate_async.parameter_sync_step={sync_step}: D-ARL takes one replay step per "
-                        "weight sync; set it 1")
     batch, mini = cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     if mode == "separate_async" and is_int(sync_step) and batch != sync_step * mini:  # verl asserts it after Ray starts
         problems.append(f"data.train_batch_size={batch} must equal trainer.v1.separate_async.parameter_sync_step "
@@ -150,17 +117,6 @@ def _v1_problems(cfg: DictConfig, replay: bool) -> list[str]:
         problems.append(f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro} must divide "
                         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={step_micro}: V1 recomputes the old "
                         "log-probs of a replay step's groups in whole micro-batches")
-    # the replay step (trainers/v1.py) runs verl's balance, old-log-prob, advantage and update stages, not its
-    # reference stage: nothing would write the ref_log_prob that a KL term reads
-    if replay and actor.get("use_kl_loss", False):
-        problems.append("actor_rollout_ref.actor.use_kl_loss=true with replay on verl's V1 trainer: the replay step "
-                        "computes no reference log-probs (the D-ARL loss's KL term reads them); set it false")
-    if replay and cfg.algorithm.get("use_kl_in_reward", False):
-        problems.append("algorithm.use_kl_in_reward=true with replay on verl's V1 trainer: the replay step computes "
-                        "no reference log-probs (verl's KL penalty in the reward reads them); set it false")
-    if (cfg.get("rollout_shaping") or {}).get("enable", False):
-        problems.append("rollout_shaping.enable=true: DARTS runs on the one-step-off and fully-async trainers "
-                        "(recipe.darl.main_one_step_off, main_fully_async), not on V1")
     return problems
 
 
@@ -184,9 +140,6 @@ def fully_async_findings(cfg: DictConfig) -> tuple[list[str], list[str]]:
     if trigger < 1 or int(at.require_batches) < 1:
         problems.append("async_training.trigger_parameter_sync_step and require_batches must be >= 1, got "
                         f"{trigger} and {at.require_batches}")
-    if int(cfg.data.get("train_batch_size") or 0) != 0:
-        problems.append(f"data.train_batch_size must be 0 in the fully-async trainer (it reads "
-                        f"ppo_mini_batch_size * require_batches prompts per step), got {cfg.data.train_batch_size}")
     replay = cfg.get("replay") or {}
     if not replay.get("enable", False) or problems:
         return problems, warnings
@@ -259,9 +212,7 @@ def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
     problems = []
     trainer, arr = cfg.trainer, cfg.actor_rollout_ref
     mode = trainer.get("resume_mode", "auto")
-    if mode not in ("auto", "disable", "resume_path"):
-        problems.append(f"trainer.resume_mode must be auto, disable or resume_path, got {mode!r}")
-    elif mode == "resume_path" and "global_step_" not in str(trainer.get("resume_from_path") or ""):
+    if mode == "resume_path" and "global_step_" not in str(trainer.get("resume_from_path") or ""):
         problems.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>/global_step_<N>, "
                         f"got {trainer.get('resume_from_path')!r}")
     if mode != "disable" and trainer.get("default_hdfs_dir") is not None:
@@ -288,8 +239,6 @@ def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
     if not v1 and uses_critic and cfg.critic.get("strategy") != "fsdp":  # verl's separated trainers build no other
         problems.append(f"critic.strategy={cfg.critic.get('strategy')!r}: verl 0.9.1's one-step-off and fully-async "
                         "trainers build the critic only with strategy fsdp (its FSDP2 engine); set critic.strategy=fsdp")
-    if is_fully_async(cfg) and cfg.data.get("gen_batch_size") != 1:
-        problems.append(f"data.gen_batch_size must be 1 in the fully-async trainer, got {cfg.data.get('gen_batch_size')}")
     if ((is_fully_async(cfg) or separate) and need_reward_model(cfg)
             and not cfg.reward.reward_model.get("enable_resource_pool")):
         problems.append("reward.reward_model.enable=true needs reward.reward_model.enable_resource_pool=true here: the "
@@ -326,9 +275,6 @@ def _fault_problems(cfg: DictConfig) -> list[str]:
         value = faults.get(key)
         if value is not None and not (is_number(value) and value > 0):
             problems.append(f"faults.{key} must be null (no limit) or seconds > 0, got {value!r}")
-    policy = faults.get("reward_errors", "raise")
-    if policy not in ("raise", "zero"):
-        problems.append(f"faults.reward_errors must be raise or zero, got {policy!r}")
     kwargs = OmegaConf.select(cfg, "reward.custom_reward_function.reward_kwargs") or {}
     if kwargs.get("code_sandbox", "auto") not in SANDBOXES:
         problems.append(f"reward.custom_reward_function.reward_kwargs.code_sandbox must be one of {', '.join(SANDBOXES)}, "
