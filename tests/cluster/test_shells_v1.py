@@ -64,6 +64,6 @@ def test_cpu_v1_scripts_resolve_to_colocate_async(tmp_path):
 
 def test_a_replay_step_per_weight_sync_is_checked_before_ray(tmp_path):
     script = SHELLS / "v1_separate_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
-    with pytest.raises(ConfigError, match="parameter_sync_step=4: D-ARL takes one replay step per weight sync"):
+    with pytest.raises(ConfigError, match=r"parameter_sync_step=4 with replay.enable=true: must be 1 \(D-ARL takes one replay step per weight sync"):
         compose([(script, ["trainer.v1.separate_async.parameter_sync_step=4", "data.train_batch_size=128"],
                   base_env(tmp_path))])
