@@ -24,8 +24,10 @@ from recipe.darl.robustness.rollout_watch import (RolloutServerError, generation
 from recipe.darl.trainers.replay_mixin import ReplayStepMixin
 from recipe.darl.trainers.run_guard import RunGuardMixin
 
+# Ray ships the inherited methods by value with the base in their super() cells: this module must travel with them
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
+# Ray refuses a subclass of the actor class verl's runner builds: the plain class behind it
 FullyAsyncTrainerBase = _RemoteFullyAsyncTrainer.__ray_metadata__.modified_class.__ray_actor_class__
 QUEUE_FILE = "darl_queue.pt"
 
@@ -171,6 +173,8 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
             "Rollout servers:\n  " + "\n  ".join(states)
             + "\nA checkpoint of this version was saved: resume with trainer.resume_mode=auto")
 
+
+# verl's FullyAsyncRollouter is a Ray actor without methods for these: they run in it through Ray's __ray_call__
 
 def _watch_generation(rollouter) -> None:
     """Records the exception that ends the rollouter's generation, which verl swallows, for

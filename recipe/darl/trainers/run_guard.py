@@ -174,4 +174,5 @@ class RunGuardMixin:
 
 
 def _manager_call(rollouter, name: str, *args) -> Any:
+    """Run in the rollouter through __ray_call__: verl's FullyAsyncRollouter exposes no call into its manager."""
     return getattr(rollouter.async_rollout_manager, name)(*args)

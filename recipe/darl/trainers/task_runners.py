@@ -15,6 +15,7 @@ from verl.trainer import main_ppo
 
 from recipe.darl.probes import swapped
 
+# Ray refuses a subclass of an actor class, and verl's runners take no trainer class: the plain classes behind them
 OneStepTaskRunnerBase = one_step_off_main.OneStepTaskRunner.__ray_metadata__.modified_class.__ray_actor_class__
 FullyAsyncTaskRunnerBase = fully_async_main.FullyAsyncTaskRunner.__ray_metadata__.modified_class.__ray_actor_class__
 TaskRunnerV1Base = main_ppo.TaskRunnerV1.__ray_metadata__.modified_class.__ray_actor_class__

@@ -37,6 +37,7 @@ class CPUvLLMReplica(vLLMReplica):
         assert len(self.workers) == self.world_size, f"{len(self.workers)} workers for world size {self.world_size}"
         if self.nnodes != 1:
             raise ValueError(f"the CPU vLLM rollout runs each replica on one node (got {self.nnodes} nodes per replica)")
+        # each worker's node through Ray's __ray_call__: verl's rollout workers have no method that reports it
         node_ids = await asyncio.gather(*[worker.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
                                           for worker in self.workers])
         if len(set(node_ids)) != 1:
