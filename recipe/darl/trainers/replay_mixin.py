@@ -1,8 +1,9 @@
 """The D-ARL replay step in both verl trainers (docs/algorithm.md, 'The replay step').
 
-The decisions are `core.ReplayStep`'s; `ReplayStepMixin` owns verl's side (DataProto layouts, the workers' batch
-split, the actor's loss fields, metrics) through the fit_step hooks `_init_models`, `_fit_compute_log_prob` and
-`_fit_update_actor`, so it sits before the verl trainer in the bases. With `replay.enable=false` they fall through.
+The step is `core.ReplayStep`'s (`begin` in `_fit_compute_log_prob`, `end` in `_fit_update_actor`); `DataProtoPlane`
+moves its data (DataProto layouts, the workers' batch split, the actor's loss fields) and `ReplayStepMixin` hooks it
+into verl's fit_step (and installs the loss in `_init_models`), so it sits before the verl trainer in the bases. With
+`replay.enable=false` the hooks fall through.
 """
 
 from __future__ import annotations
