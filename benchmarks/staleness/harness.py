@@ -180,7 +180,6 @@ class TensorPlane:
     def __init__(self, harness: "Harness") -> None:
         self.harness = harness
         self.batch: dict[str, torch.Tensor] = {}
-        self.minibatch = torch.zeros(0, dtype=torch.long)
 
     def old_log_probs(self, plan: StepPlan) -> torch.Tensor:
         self.batch = self.harness.batch_of(plan.trained)
@@ -190,8 +189,8 @@ class TensorPlane:
     def loss_layout(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg, mask = self.harness.config, self.batch["response_mask"]
         # whole groups per mini-batch; a smaller selection (fewer groups than a mini-batch) is one mini-batch
-        self.minibatch = (torch.arange(mask.shape[0]) // cfg.n) // (cfg.prompts_per_step // cfg.minibatches)
-        return mask, self.batch["rollout_log_probs"], self.minibatch
+        return mask, self.batch["rollout_log_probs"], (torch.arange(mask.shape[0]) // cfg.n) // (
+            cfg.prompts_per_step // cfg.minibatches)
 
     def put_loss_inputs(self, plan: StepPlan, inputs: LossInputs) -> None:
         pass  # `Harness.update` takes them from the step's state
@@ -381,7 +380,7 @@ class Harness:
             m.update(candidates=len(plan.cands.candidates), dropped_zero_adv=plan.cands.dropped_zero_adv,
                      history_groups=len(plan.cands.history), warmup=float(plan.cands.warmup))
         if plan.trained:
-            m.update(self.update(plane.batch, state.old_log_probs, plan, state.inputs, plane.minibatch))
+            m.update(self.update(plane.batch, state.old_log_probs, plan, state.inputs, state.minibatch))
         else:
             m.update(loss=None, skipped=True)
         self.replay.end(state)

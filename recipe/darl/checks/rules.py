@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..trainer_mode import FULLY_ASYNC, ONE_STEP_OFF, V1_MODES, V0_MODES
+from ..trainer_mode import FULLY_ASYNC, V0_MODES, V1_MODES
 from ..trainers.console import MODES as CONSOLE_MODES
 
 ALL_MODES = V0_MODES + V1_MODES
@@ -34,7 +34,7 @@ class Rule:
 
 RULES = (
     Rule("actor_rollout_ref.rollout.mode", ("async",), "verl's asynchronous trainers generate through rollout servers"),
-    Rule("actor_rollout_ref.hybrid_engine", (False,), "the one-step-off and fully-async trainers run rollout on its "
+    Rule("actor_rollout_ref.hybrid_engine", (False,), "the one-step-off and fully-async trainers run rollout on their "
          "own GPUs", modes=V0_MODES),
     Rule("actor_rollout_ref.hybrid_engine", (True,), "verl 0.9.1's V1 trainer needs it (colocate_async runs the "
          "rollout in the trainer's workers; separate_async's false path fails before the first step)", modes=V1_MODES),

@@ -77,6 +77,7 @@ class StepState:
     old_log_probs: Optional[torch.Tensor] = None  # [N, L]; None when the step skips its update
     response_mask: Optional[torch.Tensor] = None  # [N, L]
     rollout_log_probs: Optional[torch.Tensor] = None  # [N, L]
+    minibatch: Optional[torch.Tensor] = None  # [N] each sample's optimizer mini-batch
     inputs: Optional[LossInputs] = None
     timing: dict[str, float] = field(default_factory=dict)
 
@@ -105,10 +106,9 @@ class ReplayStep:
         state.timing["recompute"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.record(state.plan, state.old_log_probs)
-        mask, rollout, minibatch = plane.loss_layout(state.plan)
-        state.response_mask, state.rollout_log_probs = mask, rollout
-        state.inputs = self.loss_inputs(state.plan, mask, state.old_log_probs, rollout, clip.threshold, clip.clip_low,
-                                        clip.clip_high, minibatch)
+        state.response_mask, state.rollout_log_probs, state.minibatch = plane.loss_layout(state.plan)
+        state.inputs = self.loss_inputs(state.plan, state.response_mask, state.old_log_probs, state.rollout_log_probs,
+                                        clip.threshold, clip.clip_low, clip.clip_high, state.minibatch)
         plane.put_loss_inputs(state.plan, state.inputs)
         state.timing["weights"] = time.perf_counter() - t0
         return state

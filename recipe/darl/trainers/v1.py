@@ -136,6 +136,8 @@ class TransferQueuePlane:
         self.batch: Optional[KVBatchMeta] = None
         self.keys: list[str] = []
         self.rows = torch.zeros(0, dtype=torch.long)  # the trained rows' positions in the balanced order
+        self.data: dict[str, torch.Tensor] = {}  # the trained rows' old, rollout log-probs and mask, [B, L] padded
+        self.nested_mask = None  # the balanced rows' jagged response mask, when TransferQueue returns one
         self.mini_batch_groups = 0
 
     def old_log_probs(self, plan) -> torch.Tensor:
@@ -145,10 +147,10 @@ class TransferQueuePlane:
         tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=list_of_dict_to_tensordict(rows), tags=tags)
         batch = KVBatchMeta(keys=keys, tags=tags, partition_id=PARTITION)
         batch.extra_info["temperature"] = t.config.actor_rollout_ref.rollout.temperature
-        actor = t.config.actor_rollout_ref.actor
-        self.mini_batch_groups = min(len(plan.trained), actor.ppo_mini_batch_size)
+        self.mini_batch_groups = t._mini_batch_groups(plan)
         # fewer groups than a mini-batch: one smaller, from the balance (which pads to it) to the update
-        self.stack.enter_context(swapped(actor, "ppo_mini_batch_size", self.mini_batch_groups))
+        self.stack.enter_context(swapped(t.config.actor_rollout_ref.actor, "ppo_mini_batch_size",
+                                         self.mini_batch_groups))
         batch = t._balance_batch(batch, metrics=self.metrics)
         with marked_timer("old_log_prob", self.timing_raw, color="blue"):
             self.batch = t._compute_old_log_prob(batch, metrics=self.metrics)
