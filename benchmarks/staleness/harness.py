@@ -7,7 +7,7 @@ model's logits at the sampling temperature, as a rollout engine returns them), a
 stamped with version t - s.
 
 Nothing of the algorithm is re-implemented here: the step's decisions are `recipe.darl.core.ReplayStep`'s, the
-object the verl trainers call (`recipe/darl/trainers/replay_mixin.py`); the harness owns only the model, the
+object the verl trainers call (`recipe/darl/trainers/darl_run.py`); the harness owns only the model, the
 generation, the forward passes and verl's GRPO advantages:
 
     fresh groups (Group.from_padded) -> ReplayStep.begin (plan, pi_old of the trained groups by `TensorPlane`,

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import yaml
 
 from recipe.darl.core.config import ReplayConfig
-from recipe.darl.trainer_mode import is_fully_async, step_budget
+from recipe.darl.trainer_mode import step_budget, trainer_mode
 
 GIB = 2**30
 
@@ -123,7 +123,7 @@ def estimate(cfg: dict, mean_response: Optional[float] = None, gpu_gib: float = 
     rows = train_rows or TRAIN_ROWS.get(dataset or "")
     if trainer.get("total_training_steps"):
         steps = int(trainer["total_training_steps"])
-    elif is_fully_async(cfg) and rollout.get("total_rollout_steps"):
+    elif trainer_mode(cfg).fully_async and rollout.get("total_rollout_steps"):
         steps = int(rollout["total_rollout_steps"]) // groups  # the rollouter's prompts in all, a step's groups each
     else:
         steps = int(trainer["total_epochs"]) * rows // max(int(data["train_batch_size"]), 1) if rows else None

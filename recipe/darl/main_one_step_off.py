@@ -16,7 +16,7 @@ from recipe.darl.checks.fixups import apply_fixups
 from recipe.darl.robustness.run_records import keep_run_records
 from recipe.darl.robustness.stop_request import install_stop_signal
 from recipe.darl.checks.preflight import preflight
-from recipe.darl.trainer_mode import is_fully_async
+from recipe.darl.trainer_mode import trainer_mode
 
 PLUS_KEYS = ("+replay.", "+algorithm.rollout_is=", "+algorithm.rollout_is_threshold=")
 
@@ -42,7 +42,7 @@ def prepare_config(config: DictConfig, v1: bool = False) -> DictConfig:
     if "rollout" in config:  # the V0 trainers' rollout GPUs (V1 reads actor_rollout_ref.rollout's own)
         config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
         config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node
-    if not is_fully_async(config):  # the fully-async trainer's train_batch_size of 0 fails verl's batch checks
+    if not trainer_mode(config).fully_async:  # the fully-async trainer's train_batch_size of 0 fails verl's batch checks
         # its report and notes ("Disabled critic ...") to stderr, or silenced: they would break a dry run's config
         with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings(action="ignore", category=UserWarning):
             validate_config(config=config, use_reference_policy=need_reference_policy(config),

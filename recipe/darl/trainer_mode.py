@@ -1,11 +1,15 @@
-"""Which trainer a config is for, and what follows from it, in one place.
+"""Which trainer a config is for, and what follows from it, in one place: `TrainerMode`.
 
-The entry points fix the trainer (main_one_step_off, main_fully_async, main_v1 with `v1=True`); code that has only
-the config (the checks, the workers, the estimate) asks here. The fully-async config is the one with an
-`async_training` group (verl's fully_async_ppo_trainer.yaml); V1's mode is its `trainer.v1.trainer_mode`.
+The entry points fix the trainer (main_one_step_off, main_fully_async, main_v1 with `v1=True`) and each trainer class
+holds its mode; code that has only the config (the checks, the workers, the estimate) asks `trainer_mode(cfg, v1)`.
+The fully-async config is the one with an `async_training` group (verl's fully_async_ppo_trainer.yaml); V1's mode is
+its `trainer.v1.trainer_mode`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -14,21 +18,55 @@ V0_MODES = (ONE_STEP_OFF, FULLY_ASYNC)
 V1_MODES = ("colocate_async", "separate_async")  # verl's V1 trainer modes D-ARL runs on
 
 
-def trainer_mode(cfg: DictConfig, v1: bool = False) -> str:
-    """one_step_off, fully_async, or (v1: the config of verl's V1 trainer) its `trainer.v1.trainer_mode` as written."""
+@dataclass(frozen=True)
+class TrainerMode:
+    """A trainer and what follows from it: the step budget B, the version unit, the data-parallel size; the rule table
+    (checks/rules.py) is keyed by `name`."""
+
+    name: str  # one_step_off, fully_async, or V1's trainer.v1.trainer_mode as written
+
+    @property
+    def fully_async(self) -> bool:
+        return self.name == FULLY_ASYNC
+
+    @property
+    def v1(self) -> bool:
+        return self.name not in V0_MODES
+
+    @property
+    def version_unit(self) -> str:
+        """What one version counts: staleness is measured in it (a sample's `min_global_steps` stamp)."""
+        return {ONE_STEP_OFF: "global_steps", FULLY_ASYNC: "current_param_version"}.get(self.name, "global_steps - 1")
+
+    def version(self, trainer: Any) -> int:
+        """pi_old's version at a trainer's step: one-step-off counts steps, fully-async weight syncs; V1 syncs the
+        weights of step t at the end of step t, stamped t, so step t's pi_old is version t - 1."""
+        if self.fully_async:
+            return int(trainer.current_param_version)
+        return int(trainer.global_steps) - (1 if self.v1 else 0)
+
+    def step_budget(self, cfg: DictConfig) -> int:
+        """B, the groups a step trains on without replay: `data.train_batch_size` (one-step-off, V1) or, in the
+        fully-async trainer, `ppo_mini_batch_size * async_training.require_batches` prompts from the queue."""
+        if self.fully_async:  # (item access: a DictConfig or its plain container, as the estimate reads)
+            actor = cfg["actor_rollout_ref"]["actor"]
+            return int(actor["ppo_mini_batch_size"]) * int(cfg["async_training"]["require_batches"])
+        return int(cfg["data"]["train_batch_size"])
+
+    def dp_size(self, cfg: DictConfig) -> int:
+        """The actor's data-parallel ranks the config asks for: the trainer's GPUs over Ulysses' sequence-parallel
+        size (at run time, the actor's worker group gives it: `DarlRun.dp_size`)."""
+        sp = int(cfg.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1)
+        return max(1, int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes) // sp)
+
+
+def trainer_mode(cfg: DictConfig, v1: bool = False) -> TrainerMode:
+    """The mode of a composed config; v1: the config of verl's V1 trainer."""
     if v1:
-        return str(cfg.trainer.v1.trainer_mode)
-    return FULLY_ASYNC if is_fully_async(cfg) else ONE_STEP_OFF
-
-
-def is_fully_async(cfg: DictConfig) -> bool:
-    """The config is the fully-async trainer's (its `async_training` group)."""
-    return cfg.get("async_training") is not None
+        return TrainerMode(str(cfg.trainer.v1.trainer_mode))
+    return TrainerMode(FULLY_ASYNC if cfg.get("async_training") is not None else ONE_STEP_OFF)
 
 
 def step_budget(cfg: DictConfig) -> int:
-    """B, the groups a step trains on without replay: `data.train_batch_size` (one-step-off, V1) or, in the fully-async
-    trainer, `ppo_mini_batch_size * async_training.require_batches` prompts from the queue."""
-    if is_fully_async(cfg):  # (item access: a DictConfig or its plain container, as the estimate reads)
-        return int(cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]) * int(cfg["async_training"]["require_batches"])
-    return int(cfg["data"]["train_batch_size"])
+    """B of a V0 config, or of a plain container of one (the workers and the estimate have only the config)."""
+    return TrainerMode(FULLY_ASYNC if cfg.get("async_training") is not None else ONE_STEP_OFF).step_budget(cfg)

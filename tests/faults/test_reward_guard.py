@@ -15,7 +15,7 @@ from verl import DataProto
 
 from recipe.darl.core.darts import DartsConfig
 from recipe.darl.robustness import reward_guard as fw
-from recipe.darl.trainers.run_guard import RunGuardMixin
+from recipe.darl.trainers.darl_run import DarlRun
 
 
 class Tokenizer:
@@ -121,13 +121,17 @@ class _Verl:
         return batch
 
 
-class _Trainer(RunGuardMixin, _Verl):
+class _Trainer(_Verl):
     global_steps = 4
-    darts = DartsConfig()  # rollout shaping off: no manager is called
+
+    def _fit_compute_reward(self, batch):  # as the trainers' hook
+        return self.darl.guard_rewards(super()._fit_compute_reward(batch))
 
 
 def test_the_trainer_counts_failed_and_non_finite_rewards(capsys):
     trainer = _Trainer()
+    trainer.darl = object.__new__(DarlRun)  # the reward guard reads the trainer and DARTS' settings only
+    trainer.darl.trainer, trainer.darl.darts = trainer, DartsConfig()  # rollout shaping off: no manager is called
     trainer.metrics = {}
     batch = DataProto.from_dict(tensors={"rm_scores": torch.tensor([[0.0, 1.0], [0.0, math.nan], [0.0, 0.0]])},
                                 non_tensors={"acc": np.array([1.0, 0.0, 0.0]), fw.FAILED_KEY: np.array([0.0, 1.0, 1.0])},

@@ -58,7 +58,7 @@ def run(trainer_hooks, batch_maker):
                     trainer_hooks.run_step(trainer, batch, save=True)
                 break
             trainer_hooks.run_step(trainer, batch, save=True)
-            saved[step] = copy.deepcopy(trainer.buffer.state_dict())
+            saved[step] = copy.deepcopy(trainer.darl.buffer.state_dict())
         return trainer, saved
     return _run
 
@@ -101,7 +101,7 @@ def test_a_save_killed_before_the_tracker_resumes_from_the_previous_step(replay_
     resumed = resume(cfg)
     assert resumed.global_steps == 2
     assert resumed.actor_rollout_wg.loaded == [os.path.join(root, "global_step_2", "actor")]
-    assert state_equal(resumed.buffer.state_dict(), saved[2])
+    assert state_equal(resumed.darl.buffer.state_dict(), saved[2])
 
 
 def test_a_kill_right_after_a_save_resumes_from_it(replay_cfg, run, resume, state_equal, kill_at):
@@ -109,7 +109,7 @@ def test_a_kill_right_after_a_save_resumes_from_it(replay_cfg, run, resume, stat
     trainer, saved = run(cfg, kill="after_save:3", kill_at=kill_at)
     resumed = resume(cfg)
     assert resumed.global_steps == 3
-    assert state_equal(resumed.buffer.state_dict(), trainer.buffer.state_dict())  # the step-3 buffer, as saved
+    assert state_equal(resumed.darl.buffer.state_dict(), trainer.darl.buffer.state_dict())  # the step-3 buffer, as saved
 
 
 def test_a_kill_inside_verls_tracker_write_is_repaired(replay_cfg, run, resume, state_equal):
@@ -118,7 +118,7 @@ def test_a_kill_inside_verls_tracker_write_is_repaired(replay_cfg, run, resume, 
     trainer, saved = run(cfg)
     open(os.path.join(root, ff.TRACKER_FILE), "w").close()  # truncated by verl's open("w"), killed before write
     resumed = resume(cfg)
-    assert resumed.global_steps == 3 and state_equal(resumed.buffer.state_dict(), saved[3])
+    assert resumed.global_steps == 3 and state_equal(resumed.darl.buffer.state_dict(), saved[3])
     assert open(os.path.join(root, ff.TRACKER_FILE)).read() == "3"
 
 

@@ -3,8 +3,7 @@
 from omegaconf import OmegaConf
 from verl.utils.tracking import Tracking
 
-from recipe.darl.trainers.console import CompactConsole, compact_console
-from recipe.darl.trainers.run_guard import RunGuardMixin
+from recipe.darl.trainers.console import CompactConsole, CompactTracking, compact_console
 
 STEP = {"critic/score/mean": 0.53125, "replay/selected": 32, "replay/replayed_trained": 8,
         "replay/staleness_mean": 1.25, "timing_s/step": 3.0, "actor/pg_loss": 0.1, "val-core/a/acc/mean@1": 0.4,
@@ -38,7 +37,8 @@ def test_verl_tracking_gets_the_compact_console_unless_full(tmp_path, monkeypatc
 
 
 def test_a_trainers_logger_assignment_installs_it():
-    class Trainer(RunGuardMixin):
+    class Trainer:
+        logger = CompactTracking()
         config = OmegaConf.create({"console": "compact"})
         total_training_steps = 7
 

@@ -19,7 +19,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from recipe.darl.checks.config_check import check_config, fully_async_findings, validate_or_raise
 from recipe.darl.checks.fixups import apply_compat_aliases, apply_fixups
-from recipe.darl.core import ReplayConfig, ReplayStep
+from recipe.darl.trainer_mode import step_budget, trainer_mode
+from recipe.darl.trainers.darl_run import DarlRun
 from recipe.darl.trainers.task_runners import DarlFullyAsyncTaskRunner, DarlTaskRunner
 from recipe.darl.trainers.fully_async import DarlFullyAsyncTrainer, DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase
 
@@ -124,8 +125,7 @@ def make_fa_trainer(cfg, deltas: dict[str, float]) -> DarlFullyAsyncTrainerImpl:
     donor = make_trainer(cfg, deltas)  # the stand-ins of the one-step-off hook test
     trainer = DarlFullyAsyncTrainerImpl.__new__(DarlFullyAsyncTrainerImpl)
     trainer.__dict__.update(donor.__dict__)
-    trainer.replay = ReplayConfig.from_dict(dict(cfg.replay))
-    trainer.replay_step = ReplayStep(trainer.replay)
+    trainer.darl = DarlRun(trainer, cfg, trainer_mode(cfg))
     trainer.require_batches = int(cfg.async_training.require_batches)
     trainer.current_param_version = 0
     trainer.trigger_parameter_sync_step = int(cfg.async_training.trigger_parameter_sync_step)
@@ -139,7 +139,7 @@ def test_replay_step_on_fully_async_hooks_uses_param_versions_and_survives_load_
     validate_or_raise(cfg, extra=apply_fixups(cfg)[0])
     deltas: dict[str, float] = {}
     trainer = make_fa_trainer(cfg, deltas)
-    assert trainer._replay_budget() == 4  # ppo_mini_batch_size 2 x require_batches 2
+    assert step_budget(cfg) == 4  # ppo_mini_batch_size 2 x require_batches 2
     # samples stamped with parameter versions 0 and 1 (a fresh batch spans a sync), trained at version 2
     first = batch_maker(versions=[0, 0, 1, 1], rewards=[[1, 0], [0, 1], [1, 0], [0, 1]], seed=11)
     deltas.update({u: 0.0 for u in uids(first)})
@@ -147,8 +147,8 @@ def test_replay_step_on_fully_async_hooks_uses_param_versions_and_survives_load_
     run_step(trainer, first)
     m = trainer.metrics
     assert m["replay/staleness_mean"] == pytest.approx(1.5) and m["replay/staleness_max"] == 2
-    assert len(trainer.trained[-1]) == 8 and len(trainer.buffer) == 4
-    assert all(2 in g.recorded for g in trainer.buffer.groups)  # pi_old recorded as parameter version 2
+    assert len(trainer.trained[-1]) == 8 and len(trainer.darl.buffer) == 4
+    assert all(2 in g.recorded for g in trainer.darl.buffer.groups)  # pi_old recorded as parameter version 2
 
     trainer.current_param_version = 3
     second = batch_maker(versions=[2, 2], rewards=[[1, 0], [0, 1]], seed=12)
@@ -161,11 +161,11 @@ def test_replay_step_on_fully_async_hooks_uses_param_versions_and_survives_load_
     # verl's checkpoint layout: global_step_{current_param_version}/actor, the tracker file, our buffer file
     folder = trainer._checkpoint_folder()
     os.makedirs(os.path.join(folder, "actor"))
-    trainer.save_replay(folder)
+    trainer.darl.save_replay(folder)
     with open(os.path.join(cfg.trainer.default_local_dir, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write("3")
-    saved = trainer.buffer.state_dict()
+    saved = trainer.darl.buffer.state_dict()
     resumed = make_fa_trainer(cfg, {})
     assert asyncio.run(resumed.load_checkpoint()) == 3
     assert resumed.current_param_version == 3 and resumed.global_steps == 3 * 4 + 1
-    assert state_equal(resumed.buffer.state_dict(), saved)
+    assert state_equal(resumed.darl.buffer.state_dict(), saved)

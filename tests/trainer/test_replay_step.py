@@ -1,6 +1,5 @@
 """DataProto <-> groups, mini-batch assignment against verl's own splitting, loss inputs."""
 
-import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -8,7 +7,7 @@ from verl.protocol import BatchData
 from verl.utils import tensordict_utils as tu
 
 from recipe.darl.core import ReplayConfig, ReplayStep, Selection, StepPlan, batch_weights
-from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_fields, minibatch_index
+from recipe.darl.trainers.converters import batch_from_groups, groups_from_batch, loss_fields, minibatch_index
 
 
 def test_groups_round_trip_to_the_same_verl_batch(batch_maker):

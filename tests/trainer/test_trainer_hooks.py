@@ -18,7 +18,8 @@ from verl import DataProto
 
 from recipe.darl.checks.config_check import validate_or_raise
 from recipe.darl.checks.fixups import apply_fixups
-from recipe.darl.core import ReplayConfig, ReplayStep
+from recipe.darl.trainer_mode import trainer_mode
+from recipe.darl.trainers.darl_run import DarlRun
 from recipe.darl.trainers.one_step_off import BUFFER_FILE, DarlOneStepOffTrainer
 
 
@@ -42,10 +43,7 @@ def make_trainer(cfg, deltas: dict[str, float]) -> DarlOneStepOffTrainer:
     """A DarlOneStepOffTrainer without Ray: old log-probs = rollout log-probs + deltas[uid] on response tokens."""
     trainer = DarlOneStepOffTrainer.__new__(DarlOneStepOffTrainer)
     trainer.config = cfg
-    trainer.replay = ReplayConfig.from_dict(dict(cfg.replay))
-    trainer.replay_step = ReplayStep(trainer.replay)
-    trainer._step_state = None
-    trainer._init_run_guard(cfg)  # rollout_shaping off in the composed config: no manager is called
+    trainer.darl = DarlRun(trainer, cfg, trainer_mode(cfg))  # rollout_shaping off: no manager
     trainer.actor_rollout_wg = trainer.actor_wg = StandInActor()
     trainer.use_rm = trainer.use_critic = False
     trainer.global_steps = 1
@@ -151,7 +149,7 @@ def test_a_step_without_a_candidate_skips_the_update(replay_cfg, batch_maker):
     trainer = make_trainer(replay_cfg(), {u: 0.5 for u in uids(batch)})
     run_step(trainer, batch)
     assert trainer.trained == [] and trainer.metrics["replay/skipped_update"] == 1.0
-    assert trainer.metrics["replay/dropped_zero_adv"] == 2 and len(trainer.buffer) == 0
+    assert trainer.metrics["replay/dropped_zero_adv"] == 2 and len(trainer.darl.buffer) == 0
 
 
 def test_replay_disabled_is_plain_one_step_off(compose_config, batch_maker):
@@ -161,7 +159,7 @@ def test_replay_disabled_is_plain_one_step_off(compose_config, batch_maker):
     validate_or_raise(cfg, extra=apply_fixups(cfg)[0])
     batch = batch_maker(versions=[0, 0, 0], rewards=[[1, 0], [0, 1], [1, 1]])
     trainer = make_trainer(cfg, {u: 0.2 for u in uids(batch)})
-    assert trainer.buffer is not None and not trainer.replay.enable
+    assert trainer.darl.buffer is None and not trainer.darl.replay.enable
     out = run_step(trainer, batch)
     assert len(out) == 6 and not any(k.startswith("darl_") for k in out.batch.keys())
     assert "rollout_is_weights" in out.batch.keys()  # verl's own decoupled correction ran
@@ -177,7 +175,7 @@ def test_checkpoint_resume_restores_the_buffer(replay_cfg, batch_maker, state_eq
         deltas.update({u: 0.1 * step for u in uids(batch)})
         run_step(trainer, batch, save=(step == 2))
         if step == 2:
-            saved = copy.deepcopy(trainer.buffer.state_dict())
+            saved = copy.deepcopy(trainer.darl.buffer.state_dict())
     folder = os.path.join(cfg.trainer.default_local_dir, "global_step_2")
     assert os.path.exists(os.path.join(folder, BUFFER_FILE))
     assert len(saved["groups"]) == 4 and any(g["recorded"] for g in saved["groups"])
@@ -186,8 +184,8 @@ def test_checkpoint_resume_restores_the_buffer(replay_cfg, batch_maker, state_eq
     resumed.global_steps = 0
     resumed._load_checkpoint()
     assert resumed.global_steps == 2 and resumed.actor_rollout_wg.loaded == [os.path.join(folder, "actor")]
-    assert state_equal(resumed.buffer.state_dict(), saved)
-    assert not state_equal(trainer.buffer.state_dict(), saved)  # step 3 moved the live buffer on
+    assert state_equal(resumed.darl.buffer.state_dict(), saved)
+    assert not state_equal(trainer.darl.buffer.state_dict(), saved)  # step 3 moved the live buffer on
 
 
 def test_resume_without_a_saved_buffer_is_an_error(replay_cfg, compose_config):
@@ -223,7 +221,7 @@ def test_preset_keeps_fresh_groups_adds_least_reused_and_recomputes_only_what_it
     deltas = {u: 0.0 for u in (a, b, c, d, e, f, g)}
     # the preset with ratio 1: every fresh group plus up to B = 2 replayed groups, mini-batches of 2 groups
     trainer = make_trainer(replay_cfg("replay.ratio=1.0", design=()), deltas)
-    assert trainer.replay.resolved("order") == "least_reused" and trainer.buffer.max_reuse == 2
+    assert trainer.darl.replay.resolved("order") == "least_reused" and trainer.darl.buffer.max_reuse == 2
     calls = []
     inner = trainer._compute_old_log_prob
     trainer._compute_old_log_prob = lambda batch: (calls.append(list(dict.fromkeys(batch.non_tensor_batch["uid"]))),
@@ -246,7 +244,7 @@ def test_preset_keeps_fresh_groups_adds_least_reused_and_recomputes_only_what_it
     plotted = {k for _, keys in PANELS if not isinstance(keys, str) for k in keys if k.startswith("replay/")}
     assert plotted <= set(trainer.metrics), plotted - set(trainer.metrics)
     # a was trained twice (max_reuse 2): evicted
-    assert {grp.uid for grp in trainer.buffer.groups} == {b, c, d, e}
+    assert {grp.uid for grp in trainer.darl.buffer.groups} == {b, c, d, e}
     run_step(trainer, step3)
     # b, c, d, e were each trained once: the newer version wins the tie
     assert uids(trainer.trained[-1]) == [d, e, f, g] and trainer.metrics["replay/replayed_trained"] == 2
@@ -293,7 +291,7 @@ def test_prompt_replay_replays_only_in_the_place_of_an_uninformative_group(repla
     keys = () if when == "preset" else ("replay.prompt_replay=2",)
     trainer = make_trainer(replay_cfg("replay.k=1", *keys, "actor_rollout_ref.actor.ppo_mini_batch_size=1", design=()),
                            {u: 0.0 for u in (a, b, "d", "e", "d:history", "e:history")})
-    assert trainer.buffer.prompts.per_prompt == (16 if when == "preset" else 2)
+    assert trainer.darl.buffer.prompts.per_prompt == (16 if when == "preset" else 2)
     run_step(trainer, step1)
     run_step(trainer, step2)
     trained = uids(trainer.trained[-1])
@@ -314,4 +312,4 @@ def test_prompt_replay_max_age_bounds_the_trainers_store(replay_cfg, batch_maker
         held.append(trainer.metrics["replay/history_responses"])
     # 4 responses arrive a step; max_age 1 keeps only the last step's (usable one step later)
     assert held == ([4, 8, 12] if max_age == "null" else [4, 4, 4])
-    assert trainer.buffer.prompts.max_age == (None if max_age == "null" else 1)
+    assert trainer.darl.buffer.prompts.max_age == (None if max_age == "null" else 1)

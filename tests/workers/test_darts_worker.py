@@ -20,7 +20,7 @@ from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
 from recipe.darl.workers.darts_rollout import (COUNTS, EXTRA, GROUP, KEEP_LAST, TIMES, DartsAgentLoopWorker,
-                                              DartsManagerMixin, _AbortOnCancel, _Part, _ROW, _abort_until_returned,
+                                              DartsPlanner, _AbortOnCancel, _Part, _ROW,
                                               abort_in_engine)
 
 
@@ -282,13 +282,10 @@ async def _make_task() -> asyncio.Task:
     return asyncio.get_running_loop().create_task(asyncio.sleep(3600))
 
 
-def _manager(n: int = 4, **shaping) -> DartsManagerMixin:
-    manager = object.__new__(DartsManagerMixin)
-    manager.config = OmegaConf.create({
+def _manager(n: int = 4, **shaping) -> DartsPlanner:
+    return DartsPlanner(OmegaConf.create({
         "rollout_shaping": {"enable": True, **shaping}, "data": {"train_batch_size": 3},
-        "actor_rollout_ref": {"rollout": {"n": n}, "actor": {"ppo_mini_batch_size": 3}}})
-    manager._init_darts()
-    return manager
+        "actor_rollout_ref": {"rollout": {"n": n}, "actor": {"ppo_mini_batch_size": 3}}}))
 
 
 def _prompts(groups: int, n: int) -> DataProto:
@@ -300,7 +297,7 @@ def test_plan_splits_a_groups_extras_and_tail_across_workers():
     # 3 groups of n = 4 over 2 workers (6 rows each): group 1 is split 2 + 2; r = 8 and L = 2 split in proportion
     manager = _manager(responses=8, keep_last=2)
     prompts = _prompts(3, 4)
-    assert manager._plan(prompts, chunks=2, population=False)[1] is False
+    assert manager.plan(prompts, chunks=2, population=False)[1] is False
     extra, tail = prompts.non_tensor_batch[EXTRA].tolist(), prompts.non_tensor_batch[KEEP_LAST].tolist()
     assert extra == [4, 0, 0, 0, 2, 0, 2, 0, 4, 0, 0, 0] and tail == [2, 0, 0, 0, 1, 0, 1, 0, 2, 0, 0, 0]
     assert len(set(prompts.non_tensor_batch[GROUP].tolist())) == 3
@@ -309,29 +306,29 @@ def test_plan_splits_a_groups_extras_and_tail_across_workers():
 def test_plan_warms_up_then_sizes_prompts_by_their_spread():
     manager = _manager(adaptive=True, warmup_steps=1)  # n = 4: r_i in [5, 8], mean 6; one step of 3 prompts
     first = _prompts(3, 4)
-    keys, warm = manager._plan(first, chunks=1, population=False)
+    keys, warm = manager.plan(first, chunks=1, population=False)
     assert warm
     assert first.non_tensor_batch[EXTRA].tolist()[::4] == [2, 2, 2] and first.non_tensor_batch[KEEP_LAST].sum() == 0
     for key, spread in zip(keys, ([10, 10, 10, 10], [1, 50, 3, 90], [5, 6, 5, 6])):
         manager.spread_ema.update(key, spread)
     second = _prompts(3, 4)
-    assert manager._plan(second, chunks=1, population=False) == (keys, False)
+    assert manager.plan(second, chunks=1, population=False) == (keys, False)
     r = [4 + e for e in second.non_tensor_batch[EXTRA].tolist()[::4]]
     assert sum(r) == 18 and r[1] == max(r) == 8 and min(r) >= 5  # the widest spread gets the most
     assert second.non_tensor_batch[KEEP_LAST].tolist()[::4] == [(8 - x) // 2 for x in r]  # the released L rule
-    assert manager.darts_state()["planned_prompts"] == 6
+    assert manager.state()["planned_prompts"] == 6
     # the warm-up is reported with the batch it planned, though the next batch is planned before it is observed
     for warm in (True, False):  # verl's output carries none of the planning columns
         columns = {k: np.zeros(12) for k in COUNTS + TIMES}
         output = DataProto.from_dict(tensors={"response_mask": torch.ones(12, 4, dtype=torch.long)}, non_tensors=columns)
-        manager._observe(output, keys, warm)
+        manager.observe(output, keys, warm)
         assert manager.pop_metrics()["rollout_shaping/warmup"] == float(warm)
 
 
 def test_observe_counts_tokens_and_times_generation():
     manager = _manager(responses=6, keep_last=0)
     prompts = _prompts(1, 4)
-    keys, _ = manager._plan(prompts, chunks=1, population=False)
+    keys, _ = manager.plan(prompts, chunks=1, population=False)
     per_row = {"darts_generated": 1.5, "darts_aborted": 0.5, "darts_dropped": 0.0, "darts_dropped_tokens": 0.0,
                "darts_aborted_tokens": 2.5, "darts_aborts_missed": 0.25, "darts_submitted_at": 100.0}
     non_tensor = {k: np.full(4, v) for k, v in per_row.items()}
@@ -339,7 +336,7 @@ def test_observe_counts_tokens_and_times_generation():
     mask = torch.tensor([[1] * 3 + [0] * 5, [1] * 8, [1] * 5 + [0] * 3, [1] * 4 + [0] * 4])
     output = DataProto.from_dict(tensors={"response_mask": mask}, non_tensors={**non_tensor, **{
         k: prompts.non_tensor_batch[k] for k in (GROUP, EXTRA, KEEP_LAST)}})
-    manager._observe(output, keys)
+    manager.observe(output, keys)
     assert set(output.non_tensor_batch) == set()  # every bookkeeping column removed
     m = manager.pop_metrics()
     assert m["rollout_shaping/generation_s"] == 3.5 and m["rollout_shaping/tokens_kept"] == 20
@@ -364,7 +361,7 @@ def test_metrics_and_state_read_from_another_thread_lose_nothing():
         for _ in range(rounds):
             output = DataProto.from_dict(tensors={"response_mask": torch.ones(rows, 3, dtype=torch.long)},
                                          non_tensors={k: v.copy() for k, v in per_row.items()})
-            manager._observe(output, keys)
+            manager.observe(output, keys)
 
     kept, generated, tokens = [], [], []
     switch = sys.getswitchinterval()
@@ -374,7 +371,7 @@ def test_metrics_and_state_read_from_another_thread_lose_nothing():
         worker.start()
         while worker.is_alive():
             m = manager.pop_metrics()
-            assert manager.darts_state()["planned_prompts"] == 0  # read under the same lock
+            assert manager.state()["planned_prompts"] == 0  # read under the same lock
             if m:
                 kept.append(m["rollout_shaping/kept"])
                 generated.append(m["rollout_shaping/generated"])

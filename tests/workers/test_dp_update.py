@@ -96,7 +96,7 @@ def trainer_batch(model, dp_size: int, order: list[int] | None = None):
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     from recipe.darl.core import ReplayConfig, ReplayStep, Selection, StepPlan
-    from recipe.darl.trainers.batches import batch_from_groups, groups_from_batch, loss_fields, minibatch_index
+    from recipe.darl.trainers.converters import batch_from_groups, groups_from_batch, loss_fields, minibatch_index
 
     fresh, drift = generated_batch(model)
     groups = groups_from_batch(fresh, fresh.batch["rm_scores"])
@@ -157,7 +157,7 @@ def update_actor_input(batch) -> "TensorDict":
 def prepared(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
-    from recipe.darl.trainers.batches import minibatch_index
+    from recipe.darl.trainers.converters import minibatch_index
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="sdpa", dtype=torch.float32)
     samples = N * len(VERSIONS)
@@ -188,7 +188,7 @@ def engine(prepared, tiny_model_path, run_python, tmp_path_factory):
 
 def test_driver_side_split(prepared):
     """dp 2's mini-batch m joins the m-th half of each rank's half; each mini-batch's coefficients sum to 1."""
-    from recipe.darl.trainers.batches import minibatch_index
+    from recipe.darl.trainers.converters import minibatch_index
 
     assert prepared["order"] == [0, 1, 4, 5, 2, 3, 6, 7]
     for name, dp in (("dp2", 2), ("dp1", 1)):
@@ -282,7 +282,7 @@ def _train(model_path: str, inputs: dict, name: str, rank: int, world_size: int)
     actor_config = FSDPActorConfig(strategy="fsdp2", ppo_mini_batch_size=MINI_GROUPS, ppo_micro_batch_size_per_gpu=MICRO,
                                    rollout_n=N, clip_ratio_low=CLIP_LOW, clip_ratio_high=CLIP_HIGH, entropy_coeff=0.0,
                                    use_kl_loss=False, loss_agg_mode="token-mean")
-    # what ReplayStepMixin._init_models installs
+    # what DarlRun.install_loss installs
     worker.set_loss_fn(functools.partial(darl_loss, config=actor_config, threshold=THRESHOLD, stop_grad=True,
                                          behavior_clip=inputs["behavior_clip"]))
     engine = worker.engine

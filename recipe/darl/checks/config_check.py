@@ -9,13 +9,13 @@ import os
 import warnings
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from ..core import group_multiple
 from ..core.config import ReplayConfig, as_list, is_int, is_number
 from ..core.darts import DartsConfig
 from ..rewards.code_reward import SANDBOXES
-from ..trainer_mode import V1_MODES, is_fully_async, step_budget, trainer_mode
+from ..trainer_mode import V1_MODES, step_budget, trainer_mode
 from .rules import rule_problems
 
 
@@ -33,7 +33,7 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     arr = cfg.actor_rollout_ref
     corr = cfg.algorithm.rollout_correction
 
-    problems += rule_problems(cfg, trainer_mode(cfg, v1))
+    problems += rule_problems(cfg, trainer_mode(cfg, v1).name)
     threshold = corr.rollout_is_threshold
     if is_number(threshold) and float(threshold) <= 0:
         problems.append(f"algorithm.rollout_correction.rollout_is_threshold must be > 0, got {threshold}")
@@ -45,7 +45,7 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     bypass = bool(corr.get("bypass_mode", False))
     users = [user for on, user in ((enabled, "replay.enable=true (behavior log-probs for the scores and weights)"),
                                    (bypass, "bypass_mode=true (the rollout's log-probs stand for pi_old)"),
-                                   (is_fully_async(cfg), "verl's fully-async rollouter")) if on]
+                                   (trainer_mode(cfg).fully_async, "verl's fully-async rollouter")) if on]
     if users and not arr.rollout.get("calculate_log_probs", False):
         problems.append(f"{users[0]} needs actor_rollout_ref.rollout.calculate_log_probs=true")
     if enabled and not is_number(threshold):
@@ -59,7 +59,7 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
         problems.append("algorithm.rollout_correction.bypass_mode=true with rollout_is/rollout_rs/loss_type set: verl 0.9.1 "
                         "binds the worker's loss at init and would silently ignore them; use bypass_mode=false (decoupled)")
 
-    if is_fully_async(cfg):
+    if trainer_mode(cfg).fully_async:
         problems += fully_async_findings(cfg)[0]
     problems += _batch_problems(cfg, replay_values if enabled else None)
     problems += _launch_problems(cfg, v1)
@@ -75,7 +75,7 @@ NO_REQUEST_ABORT = ("sglang", "trtllm")  # verl 0.9.1's servers without a per-re
 
 def _darts_problems(cfg: DictConfig) -> list[str]:
     """`rollout_shaping.*` (DARTS); when on, the one-step-off trainer's rollout manager must be DARTS' (set by
-    `fixups.install_darts_manager`; the fully-async trainer installs it in its rollouter, trainers/run_guard.py)."""
+    `fixups.install_darts_manager`; the fully-async trainer installs it in its rollouter, trainers/darl_run.py)."""
     values: dict[str, Any] = OmegaConf.to_container(cfg.get("rollout_shaping", {}) or {}, resolve=True)
     n = int(cfg.actor_rollout_ref.rollout.n)
     problems = DartsConfig.problems_of(values, n)
@@ -87,7 +87,7 @@ def _darts_problems(cfg: DictConfig) -> list[str]:
                         f"group's tail by aborting single requests, and verl 0.9.1's {rollout.name} server has no "
                         "per-request abort (only abort_all_requests); use rollout.name=vllm")
     current = rollout.agent.get("agent_loop_manager_class")
-    if is_fully_async(cfg):
+    if trainer_mode(cfg).fully_async:
         if current:
             problems.append(f"rollout_shaping.enable=true with actor_rollout_ref.rollout.agent.agent_loop_manager_class="
                             f"{current}: the fully-async rollouter ignores that key; DARTS installs its own manager there")
@@ -174,8 +174,7 @@ def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
     n = int(arr.rollout.n)
     budget = step_budget(cfg)
     mini = int(arr.actor.ppo_mini_batch_size)
-    sp = int(arr.actor.get("ulysses_sequence_parallel_size", 1) or 1)
-    dp = max(1, int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes) // sp)
+    dp = trainer_mode(cfg).dp_size(cfg)
     if mini < 1 or budget < 1 or n < 1:
         return [f"data.train_batch_size ({budget}), actor_rollout_ref.actor.ppo_mini_batch_size ({mini}) and "
                 f"actor_rollout_ref.rollout.n ({n}) must be >= 1"]
@@ -239,12 +238,12 @@ def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
     if not v1 and uses_critic and cfg.critic.get("strategy") != "fsdp":  # verl's separated trainers build no other
         problems.append(f"critic.strategy={cfg.critic.get('strategy')!r}: verl 0.9.1's one-step-off and fully-async "
                         "trainers build the critic only with strategy fsdp (its FSDP2 engine); set critic.strategy=fsdp")
-    if ((is_fully_async(cfg) or separate) and need_reward_model(cfg)
+    if ((trainer_mode(cfg).fully_async or separate) and need_reward_model(cfg)
             and not cfg.reward.reward_model.get("enable_resource_pool")):
         problems.append("reward.reward_model.enable=true needs reward.reward_model.enable_resource_pool=true here: the "
                         "rollout never pauses for a reward model on the rollout's GPUs")
     workers = int(rollout.agent.get("num_workers") or 1)
-    if not v1 and not is_fully_async(cfg) and (step_budget(cfg) * int(rollout.n)) % workers:
+    if not v1 and not trainer_mode(cfg).fully_async and (step_budget(cfg) * int(rollout.n)) % workers:
         problems.append(f"data.train_batch_size x actor_rollout_ref.rollout.n = {step_budget(cfg) * int(rollout.n)} "
                         f"responses must split evenly over actor_rollout_ref.rollout.agent.num_workers={workers}")
     return problems

@@ -17,7 +17,7 @@ from typing import Callable
 from omegaconf import DictConfig, open_dict
 
 from ..core.config import is_number
-from ..trainer_mode import is_fully_async
+from ..trainer_mode import trainer_mode
 from .config_check import SHAPING_MANAGER
 from .preflight import flash_attn_importable, select_attention
 
@@ -64,7 +64,7 @@ def apply_compat_aliases(cfg: DictConfig) -> list[str]:
 def install_darts_manager(cfg: DictConfig) -> str | None:
     """DARTS's manager as the one-step-off trainer's rollout manager when `rollout_shaping.enable=true` and the user
     set none; the line to print, or None."""
-    if not (cfg.get("rollout_shaping") or {}).get("enable", False) or is_fully_async(cfg):
+    if not (cfg.get("rollout_shaping") or {}).get("enable", False) or trainer_mode(cfg).fully_async:
         return None
     agent = cfg.actor_rollout_ref.rollout.agent
     if agent.get("agent_loop_manager_class"):

@@ -3,7 +3,7 @@
 `GuardedRewardManager` is verl's `naive` reward manager with a time limit per call (`faults.reward_timeout_s`) and
 a failure policy (`faults.reward_errors`): `raise` ends the run with a `RewardError` naming the function and the
 sample; `zero` scores the sample 0.0 and prints a line. Every sample carries `darl_reward_failed` (0.0 or 1.0), which
-`RunGuardMixin` (trainers/run_guard.py) counts as `faults/reward_failed` and drops. A timed-out call's thread cannot
+`DarlRun.guard_rewards` (trainers/darl_run.py) counts as `faults/reward_failed` and drops. A timed-out call's thread cannot
 be stopped and runs on. `sanitize_rewards` replaces NaN/inf rewards by 0.0: one NaN would turn a whole GRPO group's
 advantages, and then the update, into NaN.
 """

@@ -80,3 +80,24 @@ def compact_console(tracking: Any, config: Any, total_steps: Callable[[], Option
     if mode == "compact" and isinstance(backends, dict) and "console" in backends:
         backends["console"] = CompactConsole(total_steps)
     return tracking
+
+
+class CompactTracking:
+    """A trainer's `logger` attribute (`logger = CompactTracking()` in the class): every verl trainer keeps its
+    Tracking there, assigned in fit or __init__; it is stored with its console backend made compact (`compact_console`;
+    `console: full` keeps verl's)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = f"_darl_{name}"
+
+    def __get__(self, trainer: Any, owner: Optional[type] = None) -> Any:
+        if trainer is None:
+            return self
+        try:
+            return trainer.__dict__[self.key]
+        except KeyError:
+            raise AttributeError(self.key[len("_darl_"):]) from None
+
+    def __set__(self, trainer: Any, tracking: Any) -> None:
+        trainer.__dict__[self.key] = compact_console(
+            tracking, getattr(trainer, "config", None), lambda: getattr(trainer, "total_training_steps", None))

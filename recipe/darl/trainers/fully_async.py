@@ -1,4 +1,4 @@
-"""D-ARL on verl's fully-async trainer: `RunGuardMixin` and `ReplayStepMixin` over `FullyAsyncTrainer`.
+"""D-ARL on verl's fully-async trainer: `FullyAsyncTrainer` holding D-ARL's run (`self.darl`, trainers/darl_run.py).
 
 Versions are verl's `current_param_version`: staleness counts weight syncs, and old log-probs (computed under the
 last sync's parameters) are recorded as that version. Ray forbids subclassing the actor class `FullyAsyncTrainer`,
@@ -19,10 +19,12 @@ from ray import cloudpickle
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
 from recipe.darl.robustness.checkpoint_files import read_checked, write_checked
-from recipe.darl.robustness.rollout_watch import (RolloutServerError, generation_timeout, guard_generation, guard_weight_sync_async,
-                                  server_error, server_states)
-from recipe.darl.trainers.replay_mixin import ReplayStepMixin
-from recipe.darl.trainers.run_guard import RunGuardMixin
+from recipe.darl.robustness.job_ports import JobPortWorkerGroup, port_clash_named
+from recipe.darl.robustness.rollout_watch import (RolloutServerError, generation_timeout, guard_generation,
+                                                  guard_weight_sync_async, server_error, server_states)
+from recipe.darl.trainer_mode import FULLY_ASYNC, TrainerMode
+from recipe.darl.trainers.console import CompactTracking
+from recipe.darl.trainers.darl_run import DarlRun
 
 # Ray ships the inherited methods by value with the base in their super() cells: this module must travel with them
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -36,18 +38,35 @@ class StopRequested(Exception):
     """Ends `fit` after a stop checkpoint. Not verl's TrainingStopException: its path syncs weights once more."""
 
 
-class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTrainerBase):
+class DarlFullyAsyncTrainerImpl(FullyAsyncTrainerBase):
     """Fully-async PPO/GRPO with D-ARL replay; the plain class of the Ray actor `DarlFullyAsyncTrainer`."""
+
+    logger = CompactTracking()
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
-        self._init_replay(config)
-        self._init_run_guard(config)
+        self.darl = DarlRun(self, config, TrainerMode(FULLY_ASYNC))
+        self.ray_worker_group_cls = JobPortWorkerGroup  # torch.distributed ports from the job's own range
         self._requeued = 0  # samples put back by a resume, not yet counted by the rollouter
         self._stopping = False
 
-    def _replay_version(self) -> int:
-        return int(self.current_param_version)
+    def _init_worker_groups(self):
+        with port_clash_named():  # no free port in the job's range: an error naming the setting
+            return super()._init_worker_groups()
+
+    def _init_models(self):
+        with port_clash_named():  # rank 0 of each worker group binds its port here
+            super()._init_models()
+        self.darl.install_loss(self.actor_wg)
+
+    def _fit_compute_reward(self, batch):
+        return self.darl.guard_rewards(super()._fit_compute_reward(batch))
+
+    def _fit_compute_log_prob(self, batch):
+        return self.darl.compute_log_prob(batch, super()._fit_compute_log_prob)
+
+    def _fit_update_actor(self, batch):
+        return self.darl.update_actor(batch, super()._fit_update_actor)
 
     def _checkpoint_folder(self) -> str:
         root = os.path.abspath(self.config.trainer.default_local_dir)
@@ -55,8 +74,8 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
 
     def _save_checkpoint(self):
         # buffer, EMA and queue first, then verl's files and its tracker (docs/faults.md)
-        return self._save_state_then(self._checkpoint_folder(), int(self.current_param_version),
-                                     super()._save_checkpoint, extra=self.save_queue)
+        return self.darl.save_then(self._checkpoint_folder(), int(self.current_param_version),
+                                   super()._save_checkpoint, extra=self.save_queue)
 
     def save_queue(self, folder: str) -> int:
         """Writes the MessageQueue's samples to `folder` in order and puts them back (a finish signal None is not
@@ -85,7 +104,7 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
     async def _fit_update_weights(self):
         if not getattr(self, "_watching", False):  # the first call: before the rollouter starts
             await self.rollouter.__ray_call__.remote(_watch_generation)
-            self._install_darts()  # idempotent: load_checkpoint installed it already
+            self.darl.install_darts()  # idempotent: load_checkpoint installed it already
             self._watching = True
         if self._requeued:
             # the rollouter's count resumes at the trained samples: count the requeued ones as generated too,
@@ -104,14 +123,14 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
             raise server_error(what, f"a rollout server died ({type(e).__name__})", states) from e
 
     async def load_checkpoint(self):
-        self._check_resume()  # before the rollouter reads the tracker too
-        self._install_darts()  # DARTS' manager in the rollouter, before its EMA is restored
+        self.darl.check_resume()  # before the rollouter reads the tracker too
+        self.darl.install_darts()  # DARTS' manager in the rollouter, before its EMA is restored
         version = await super().load_checkpoint()
         if self.current_param_version > 0:
-            folder = self._resume_folder(int(self.current_param_version))
-            self._restore_state(folder)
+            folder = self.darl.resume_folder(int(self.current_param_version))
+            self.darl.restore(folder)
             await self.requeue(folder)
-        self._clear_stale_stop_request()
+        self.darl.clear_stale_stop_request()
         return version
 
     async def _get_samples_from_queue(self):
@@ -127,10 +146,10 @@ class DarlFullyAsyncTrainerImpl(RunGuardMixin, ReplayStepMixin, FullyAsyncTraine
         super()._fit_save_checkpoint(force)
         # only right after a weight sync: a checkpoint is named by the parameter version, which between syncs does
         # not name the actor's updates
-        if force or self.local_trigger_step != 1 or not self._stop_requested():
+        if force or self.local_trigger_step != 1 or not self.darl.stop_requested():
             return
         saved = self.last_ckpt_version == self.current_param_version  # verl's periodic save just ran
-        self._save_for_stop(f"parameter version {self.current_param_version} (trainer step {self.global_steps})",
+        self.darl.save_for_stop(f"parameter version {self.current_param_version} (trainer step {self.global_steps})",
                             saved=saved)
         self.last_ckpt_version = self.current_param_version
         self._stopping = True

@@ -5,26 +5,48 @@ from __future__ import annotations
 
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
+from recipe.darl.robustness.job_ports import JobPortWorkerGroup, port_clash_named
 from recipe.darl.robustness.rollout_watch import generation_timeout, guard_generation, guard_weight_sync
-from recipe.darl.trainers.replay_mixin import BUFFER_FILE, ReplayStepMixin
-from recipe.darl.trainers.run_guard import RunGuardMixin
+from recipe.darl.trainer_mode import ONE_STEP_OFF, TrainerMode
+from recipe.darl.trainers.console import CompactTracking
+from recipe.darl.trainers.darl_run import BUFFER_FILE, DarlRun
 
 __all__ = ["BUFFER_FILE", "DarlOneStepOffTrainer"]
 
 
-class DarlOneStepOffTrainer(RunGuardMixin, ReplayStepMixin, OneStepOffRayTrainer):
-    """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss, and the run guard."""
+class DarlOneStepOffTrainer(OneStepOffRayTrainer):
+    """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss, and the run guard (`self.darl`)."""
+
+    logger = CompactTracking()
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
-        self._init_replay(config)
-        self._init_run_guard(config)
+        self.darl = DarlRun(self, config, TrainerMode(ONE_STEP_OFF))
+        self.ray_worker_group_cls = JobPortWorkerGroup  # torch.distributed ports from the job's own range
+
+    def _init_worker_groups(self):
+        with port_clash_named():  # no free port in the job's range: an error naming the setting
+            return super()._init_worker_groups()
+
+    def _init_models(self):
+        with port_clash_named():  # rank 0 of each worker group binds its port here
+            super()._init_models()
+        self.darl.install_loss(self.actor_wg)
+
+    def _fit_compute_reward(self, batch):
+        return self.darl.guard_rewards(super()._fit_compute_reward(batch))
+
+    def _fit_compute_log_prob(self, batch):
+        return self.darl.compute_log_prob(batch, super()._fit_compute_log_prob)
+
+    def _fit_update_actor(self, batch):
+        return self.darl.update_actor(batch, super()._fit_update_actor)
 
     def _save_checkpoint(self):
-        return self._save_step_checkpoint(super()._save_checkpoint)
+        return self.darl.save_step_checkpoint(super()._save_checkpoint)
 
     def _load_checkpoint(self):
-        return self._load_step_checkpoint(super()._load_checkpoint)
+        return self.darl.load_step_checkpoint(super()._load_checkpoint)
 
     def _rollout_servers(self) -> tuple[list, list]:
         manager = getattr(self, "llm_server_manager", None)
@@ -48,9 +70,9 @@ class DarlOneStepOffTrainer(RunGuardMixin, ReplayStepMixin, OneStepOffRayTrainer
                                  timeout_s=generation_timeout(self.config))
 
     def _fit_save_checkpoint(self):
-        if not self._stop_requested():
+        if not self.darl.stop_requested():
             return super()._fit_save_checkpoint()
         # save and end verl's fit after this step; the next batch's generation is cancelled and its prompts, drawn
         # before the dataloader was saved, are skipped on resume (as after any one-step-off checkpoint)
         self.is_last_step = True
-        self._save_for_stop(f"step {self.global_steps}")
+        self.darl.save_for_stop(f"step {self.global_steps}")

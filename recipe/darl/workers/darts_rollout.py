@@ -1,7 +1,7 @@
 """DARTS in verl's agent loop (math in core/darts.py, measurements in docs/darts.md).
 
-`DartsManagerMixin` (driver side) plans each group's r and L, then folds the kept lengths into its EMA, counts,
-times, and drops its columns, so the trainer sees n responses per prompt in verl's order. `DartsAgentLoopWorker`
+`DartsPlanner` (driver side, held by the DARTS managers as `planner`) plans each group's r and L, then folds the kept
+lengths into its EMA, counts, times, and drops its columns, so the trainer sees n responses per prompt in verl's order. `DartsAgentLoopWorker`
 runs a group's r requests, records their finishing order, aborts the rest once n finished (L = 0) and keeps the
 n - L first and L last. A group that verl's chunking splits over workers gets extras and L per part, by its rows.
 """
@@ -259,14 +259,12 @@ def abort_in_engine(server, request_id: str, timeout_s: float = 10.0) -> bool:
     return True
 
 
-class DartsManagerMixin:
-    """Plans r per group and observes the kept responses; for a subclass of verl's `AgentLoopManager`."""
+class DartsPlanner:
+    """Plans r per group and observes the kept responses: the DARTS state of a verl `AgentLoopManager`."""
 
-    agent_loop_workers_class = ray.remote(DartsAgentLoopWorker)  # verl's AgentLoopManager creates its workers from it
-
-    def _init_darts(self) -> None:
-        self.darts = darts_config(self.config)
-        self.n = int(self.config.actor_rollout_ref.rollout.n)
+    def __init__(self, config) -> None:
+        self.darts = darts_config(config)
+        self.n = int(config.actor_rollout_ref.rollout.n)
         self.spread_ema = LengthSpreadEma(self.darts.ema_alpha)
         self.counts = dict.fromkeys(("prompts", "warmup_prompts", "kept", *COUNTS), 0.0)
         self.kept_lengths: list[float] = []
@@ -276,9 +274,9 @@ class DartsManagerMixin:
         # runs on its event loop: every read and write of the counters, lengths, span and EMA holds this lock
         self._state_lock = threading.Lock()
         # the warm-up's steps in prompts: train_batch_size (one-step-off), require_batches mini-batches (fully-async)
-        self.warmup_prompts = self.darts.warmup_steps * step_budget(self.config) if self.darts.adaptive else 0
+        self.warmup_prompts = self.darts.warmup_steps * step_budget(config) if self.darts.adaptive else 0
 
-    def _plan(self, prompts, chunks: int, population: bool) -> tuple[list[str], bool]:
+    def plan(self, prompts, chunks: int, population: bool) -> tuple[list[str], bool]:
         """Adds GROUP, EXTRA and KEEP_LAST to `prompts` (groups of n consecutive rows, verl splits them into `chunks`
         equal parts); returns the groups' prompt keys and whether this is the warm-up's plan."""
         n = self.n
@@ -316,7 +314,7 @@ class DartsManagerMixin:
             responses = [self.darts.fixed_responses(n)] * groups
         return responses, [self.darts.keep_last_for(r, n) for r in responses], False
 
-    def _observe(self, output, keys: list[str], warm: bool = False) -> None:
+    def observe(self, output, keys: list[str], warm: bool = False) -> None:
         """Folds the kept lengths into the EMA, counts, times, and drops the planning and count columns."""
         lengths = output.batch["response_mask"].sum(-1).tolist()
         counted = {name: float(np.sum(output.non_tensor_batch.pop(name).astype(np.float64))) for name in COUNTS}
@@ -357,40 +355,47 @@ class DartsManagerMixin:
                 "rollout_shaping/warmup": c["warmup_prompts"] / c["prompts"],
                 "rollout_shaping/ema_prompts": ema_prompts}
 
-    def darts_state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         with self._state_lock:
             return {"ema": copy.deepcopy(self.spread_ema.state_dict()), "planned_prompts": self.planned_prompts}
 
-    def load_darts_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: dict[str, Any]) -> None:
         with self._state_lock:
             self.spread_ema = LengthSpreadEma(self.darts.ema_alpha, state["ema"])
             self.planned_prompts = int(state.get("planned_prompts", 0))
 
 
-class DartsAgentLoopManager(DartsManagerMixin, AgentLoopManager):
+WORKERS = ray.remote(DartsAgentLoopWorker)  # verl's AgentLoopManager creates its workers from `agent_loop_workers_class`
+
+
+class DartsAgentLoopManager(AgentLoopManager):
     """The one-step-off trainer's manager (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`)."""
+
+    agent_loop_workers_class = WORKERS
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._init_darts()
+        self.planner = DartsPlanner(self.config)
 
     @auto_await  # as verl's: its validation calls this without await
     async def generate_sequences(self, prompts):
         if prompts.meta_info.get("validate", False):
             return await super().generate_sequences(prompts)
-        keys, warm = self._plan(prompts, chunks=len(self.agent_loop_workers), population=False)
+        keys, warm = self.planner.plan(prompts, chunks=len(self.agent_loop_workers), population=False)
         output = await super().generate_sequences(prompts)
-        self._observe(output, keys, warm)
+        self.planner.observe(output, keys, warm)
         return output
 
 
-class DartsFullyAsyncAgentLoopManager(DartsManagerMixin, FullyAsyncAgentLoopManager):
+class DartsFullyAsyncAgentLoopManager(FullyAsyncAgentLoopManager):
     """The fully-async rollouter's manager: one prompt per call, planned against the EMA's recent prompts."""
 
+    agent_loop_workers_class = WORKERS
+
     async def generate_sequences_single(self, prompts):
-        keys, warm = self._plan(prompts, chunks=1, population=True)
+        keys, warm = self.planner.plan(prompts, chunks=1, population=True)
         output = await super().generate_sequences_single(prompts)
-        self._observe(output, keys, warm)
+        self.planner.observe(output, keys, warm)
         return output
 
 
@@ -402,8 +407,8 @@ def install_in_rollouter(rollouter) -> bool:
         return False
     old = list(manager.agent_loop_workers)
     manager.__class__ = DartsFullyAsyncAgentLoopManager
-    manager._init_darts()
-    manager.agent_loop_workers_class = DartsFullyAsyncAgentLoopManager.agent_loop_workers_class
+    manager.planner = DartsPlanner(manager.config)
+    manager.agent_loop_workers_class = WORKERS  # verl's __init__ set the instance's own
     # verl's worker creation: a coroutine that never awaits, run to its end here since __ray_call__ does not await
     creation = manager._init_agent_loop_workers()
     try:

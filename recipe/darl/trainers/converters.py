@@ -1,4 +1,4 @@
-"""Conversion between verl's DataProto and the D-ARL core (groups, the actor loss's fields, `replay/` metrics)."""
+"""Converters between verl's DataProto and the D-ARL core (groups, the actor loss's fields, `replay/` metrics)."""
 
 from __future__ import annotations
 
