@@ -82,6 +82,17 @@ def test_headline_tables_are_the_archives():
         assert line in evidence and line in readme, line
 
 
+def test_the_development_table_is_the_archive():
+    """docs/evidence.md's development block is what `protocol choose` reports from the archived development runs."""
+    from benchmarks.staleness.protocol import development_report
+    from benchmarks.staleness.run_study import load_results
+
+    text = (ROOT / "docs" / "evidence.md").read_text()
+    block = text.split("<!-- development -->\n", 1)[1].split("\n<!-- /development -->", 1)[0]
+    runs = load_results(ROOT / "docs" / "evidence" / "protocol" / "scarce" / "dev" / "results.jsonl")
+    assert block.strip() == development_report(runs).strip()
+
+
 def test_the_validation_table_is_the_archive():
     """docs/evidence.md's validation block is what benchmarks/staleness/validation.py computes from the archived runs."""
     from benchmarks.staleness.validation import report

@@ -81,6 +81,18 @@ def score_table(results: list[dict[str, Any]], names: Iterable[str], seeds: Iter
     return "\n".join(lines) + "\n"
 
 
+def development_report(results: list[dict[str, Any]]) -> str:
+    """The development stage so far: how many of its runs, each configuration's score, and the choice (once every
+    candidate has all its runs)."""
+    preset, alternative = choose(results, DARL_CANDIDATES), choose(results, SIMPLE_CANDIDATES)
+    planned = ((len(DEV_CONFIGS) - 1) * len(STALENESS) + 1) * len(DEV_SEEDS)  # sync runs at s = 0 only
+    done = len({(r["method_name"], r["staleness"], r["seed"]) for r in results if r["seed"] in DEV_SEEDS})
+    return (f"{done} of {planned} development runs.\n\n"
+            + score_table(results, [n for n in DEV_CONFIGS if any(r["method_name"] == n for r in results)])
+            + f"\npreset: {preset or 'not yet (a candidate lacks runs)'}\n"
+            + f"alternative: {alternative or 'not yet (a candidate lacks runs)'}\n")
+
+
 def _pair(cells, s: int, a: str, b: str) -> dict[str, Any]:
     ra, rb = cells.get((s, a), {}), cells.get((0 if b == "sync" else s, b), {})
     seeds = sorted(set(ra) & set(rb))
@@ -222,10 +234,7 @@ def main(argv=None) -> int:
         return 0
     results = load_results(args.study / "results.jsonl")
     if args.command == "choose":
-        preset, alternative = choose(results, DARL_CANDIDATES), choose(results, SIMPLE_CANDIDATES)
-        text = (score_table(results, [n for n in DEV_CONFIGS if any(r["method_name"] == n for r in results)])
-                + f"\npreset: {preset or 'not yet (a candidate lacks runs)'}\n"
-                + f"alternative: {alternative or 'not yet (a candidate lacks runs)'}\n")
+        text = development_report(results)
     else:
         names = ("sync", "naive", "decoupled", "equal_update", args.preset, args.alternative)
         text = (headline_table(*headline(results, args.preset, args.alternative)) + "\n"

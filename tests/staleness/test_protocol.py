@@ -93,6 +93,16 @@ def test_the_preset_is_chosen_by_the_development_score_and_ties_go_first():
     assert protocol.choose(tie, ("b", "a"), seeds) == "b"
 
 
+def test_the_development_report_counts_sync_once_per_seed():
+    """The stage plans (21 configurations x 2 staleness + sync at s = 0) x 8 seeds; a run counted once."""
+    results = [run("sync", 0, 0, 0.5), run("sync", 0, 1, 0.5), run("darl", 4, 0, 0.4), run("darl", 4, 0, 0.4),
+               run("darl", 8, 0, 0.3), run("darl", 4, 99, 0.3)]  # a repeated record and a seed outside 0-7
+    report = protocol.development_report(results)
+    assert report.startswith("4 of 344 development runs.")
+    assert "| darl | 0.400 (1) | 0.300 (1) | - |" in report  # a score only once all 8 seeds ran
+    assert "preset: not yet" in report
+
+
 def test_the_headline_is_four_comparisons_with_holm():
     seeds = tuple(range(6))
     results = []
