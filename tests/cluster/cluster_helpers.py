@@ -34,7 +34,7 @@ WANDB_VARS = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "NETRC")
 
 
 def flash_attn_importable() -> bool:
-    from recipe.darl.checks.preflight import flash_attn_importable as importable
+    from recipe.darl.checks.fixups import flash_attn_importable as importable
 
     return importable()
 

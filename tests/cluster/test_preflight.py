@@ -1,4 +1,4 @@
-"""Before Ray starts (recipe/darl/checks/preflight.py): the sdpa fallback when flash_attn cannot be
+"""Before Ray starts (recipe/darl/checks/fixups.py, preflight.py): the sdpa fallback when flash_attn cannot be
 imported, and the refusal of a wandb logger without wandb credentials; both through the launch scripts too."""
 
 import shlex
@@ -9,9 +9,10 @@ import pytest
 from cluster_helpers import SHELLS, base_env, compose as compose_scripts, flash_attn_importable
 from hydra import compose, initialize_config_module
 
-from recipe.darl.checks import preflight
+from recipe.darl.checks import fixups, preflight
 from recipe.darl.checks.config_check import ConfigError
-from recipe.darl.checks.preflight import logger_problems, select_attention, wandb_credentials_found
+from recipe.darl.checks.fixups import select_attention
+from recipe.darl.checks.preflight import logger_problems, wandb_credentials_found
 
 PMIS_17B = SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
 FA_PMIS = SHELLS / "fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
@@ -70,7 +71,7 @@ def test_verl_builds_the_model_config_with_sdpa(tiny_model):
 def test_flash_attn_importable_detects_the_package(tmp_path, monkeypatch):
     for name in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
         monkeypatch.delitem(sys.modules, name)  # put back after the test
-    assert preflight.flash_attn_importable() is flash_attn_importable()
+    assert fixups.flash_attn_importable() is flash_attn_importable()
     good, broken = tmp_path / "good", tmp_path / "broken"
     (good / "flash_attn").mkdir(parents=True)
     (good / "flash_attn" / "__init__.py").write_text("")
@@ -78,10 +79,10 @@ def test_flash_attn_importable_detects_the_package(tmp_path, monkeypatch):
     (broken / "flash_attn" / "__init__.py").write_text("raise OSError('undefined symbol: _ZN3c10')\n")
     try:
         monkeypatch.syspath_prepend(str(broken))
-        assert preflight.flash_attn_importable() is False
+        assert fixups.flash_attn_importable() is False
         sys.modules.pop("flash_attn", None)
         monkeypatch.syspath_prepend(str(good))
-        assert preflight.flash_attn_importable() is True
+        assert fixups.flash_attn_importable() is True
     finally:
         sys.modules.pop("flash_attn", None)  # never leave the stand-in behind
 

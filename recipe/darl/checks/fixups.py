@@ -4,7 +4,9 @@
   `algorithm.rollout_is_threshold` (float) onto verl 0.9.1's `algorithm.rollout_correction`, and bypass mode's
   one-step-off default where it is null;
 - DARTS's rollout manager for the one-step-off trainer when `rollout_shaping.enable=true`;
-- `sdpa` for the trainer when flash-attn cannot be imported and the user chose nothing (`preflight.select_attention`).
+- `sdpa` for the trainer when flash-attn cannot be imported and the user chose nothing (`select_attention`): verl
+  loads the models with `flash_attention_2` by default, which without `flash_attn` fails only once the workers load
+  the model; verl's log-probs are then also 70-110x slower (no flash-attn cross-entropy), which the printed line says.
 
 `apply_fixups` returns the contradictions it found and a line for each change; the entry points print the lines
 (to stderr: a dry run's stdout is the resolved config).
@@ -19,9 +21,10 @@ from omegaconf import DictConfig, open_dict
 from ..core.config import is_number
 from ..trainer_mode import trainer_mode
 from .config_check import SHAPING_MANAGER
-from .preflight import flash_attn_importable, select_attention
 
 VERL_DEFAULT_THRESHOLD = 2.0  # verl 0.9.1's rollout_is_threshold
+ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+FALLBACK_ATTN = "sdpa"
 
 
 def apply_compat_aliases(cfg: DictConfig) -> list[str]:
@@ -72,6 +75,38 @@ def install_darts_manager(cfg: DictConfig) -> str | None:
     with open_dict(agent):  # a key of verl's AgentLoopConfig that its yaml leaves out
         agent.agent_loop_manager_class = SHAPING_MANAGER
     return f"[D-ARL] config: actor_rollout_ref.rollout.agent.agent_loop_manager_class={SHAPING_MANAGER} (DARTS)"
+
+
+def flash_attn_importable() -> bool:
+    """True when `import flash_attn` works (a wheel built against another torch fails here too)."""
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:  # ImportError, or an undefined symbol of a build against another torch (OSError)
+        return False
+    return True
+
+
+def select_attention(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_importable) -> str | None:
+    """Sets `sdpa` when flash-attn is missing and the user did not choose; returns the line to print, or None.
+    A user's own choice is kept (with a warning for flash_attention_2 when flash_attn cannot be imported)."""
+    model = cfg.actor_rollout_ref.model
+    override = model.get("override_config")
+    chosen = override.get("attn_implementation") if override is not None else None
+    if chosen is not None:
+        if chosen == "flash_attention_2" and not importable():
+            return (f"[D-ARL] warning: {ATTN_KEY}=flash_attention_2 was set, but flash_attn cannot be imported: "
+                    "the trainer's workers will fail to load the model (docs/install.md, 'GPU machine')")
+        return None
+    if importable():
+        return None
+    with open_dict(model):
+        if model.get("override_config") is None:
+            model.override_config = {}
+        model.override_config.attn_implementation = FALLBACK_ATTN
+    return (f"[D-ARL] flash_attn cannot be imported: using attn_implementation={FALLBACK_ATTN} for the trainer "
+            f"(install flash-attn==2.8.3, docs/install.md, 'GPU machine', or set ++{ATTN_KEY}=... to choose); "
+            "without it verl also computes log-probs one token at a time: 0.75 s instead of 0.007 s per 8192 tokens "
+            "on an H100 (docs/performance.md, 'Measured on an H100')")
 
 
 def apply_fixups(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_importable) -> tuple[list[str], list[str]]:

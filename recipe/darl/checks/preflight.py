@@ -1,8 +1,5 @@
-"""Start-up choices and checks for a GPU run, made before Ray starts.
+"""Start-up checks for a GPU run, made before Ray starts; they only read the config (its fix-ups: fixups.py).
 
-- `select_attention`: verl loads the models with `flash_attention_2` by default, which without `flash_attn` fails
-  only once the workers load the model; it switches to `sdpa` when the user did not choose. verl's log-probs are then
-  also 70-110x slower (no flash-attn cross-entropy), which the printed line says.
 - `prompt_store_line`: the bound of `replay.prompt_replay`'s per-prompt store, kept on the driver and in checkpoints.
 - `logger_problems`: an unknown logger name, or wandb without credentials, fails only when `fit()` starts, after
   every model has loaded.
@@ -16,49 +13,15 @@ from collections.abc import Callable, Mapping
 from urllib.parse import urlparse
 
 import pyarrow.parquet as pq
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from recipe.darl.checks.config_check import resolved_replay_key
 from recipe.darl.trainer_mode import step_budget
 from recipe.darl.checks.data_check import data_problems, local_parquet
 from recipe.darl.core.config import as_list
 
-ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
-FALLBACK_ATTN = "sdpa"
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 WANDB_KEYLESS_MODES = {"offline", "disabled", "dryrun"}
-
-
-def flash_attn_importable() -> bool:
-    """True when `import flash_attn` works (a wheel built against another torch fails here too)."""
-    try:
-        import flash_attn  # noqa: F401
-    except Exception:  # ImportError, or an undefined symbol of a build against another torch (OSError)
-        return False
-    return True
-
-
-def select_attention(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_importable) -> str | None:
-    """Sets `sdpa` when flash-attn is missing and the user did not choose; returns the line to print, or None.
-    A user's own choice is kept (with a warning for flash_attention_2 when flash_attn cannot be imported)."""
-    model = cfg.actor_rollout_ref.model
-    override = model.get("override_config")
-    chosen = override.get("attn_implementation") if override is not None else None
-    if chosen is not None:
-        if chosen == "flash_attention_2" and not importable():
-            return (f"[D-ARL] warning: {ATTN_KEY}=flash_attention_2 was set, but flash_attn cannot be imported: "
-                    "the trainer's workers will fail to load the model (docs/install.md, 'GPU machine')")
-        return None
-    if importable():
-        return None
-    with open_dict(model):
-        if model.get("override_config") is None:
-            model.override_config = {}
-        model.override_config.attn_implementation = FALLBACK_ATTN
-    return (f"[D-ARL] flash_attn cannot be imported: using attn_implementation={FALLBACK_ATTN} for the trainer "
-            f"(install flash-attn==2.8.3, docs/install.md, 'GPU machine', or set ++{ATTN_KEY}=... to choose); "
-            "without it verl also computes log-probs one token at a time: 0.75 s instead of 0.007 s per 8192 tokens "
-            "on an H100 (docs/performance.md, 'Measured on an H100')")
 
 
 def wandb_credentials_found(env: Mapping[str, str] | None = None, home: str | None = None) -> bool:
@@ -140,7 +103,7 @@ def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None
 def preflight(cfg: DictConfig, env: Mapping[str, str] | None = None,
               home: str | None = None) -> tuple[list[str], list[str]]:
     """(problems, lines to print): the logger check, the data check (checks/data_check.py: rows without ground
-    truth, empty or overlong prompts) and the per-prompt store's bound. (The attention fallback, `select_attention`,
+    truth, empty or overlong prompts) and the per-prompt store's bound. (The attention fallback, `fixups.select_attention`,
     is a fix-up: checks/fixups.py applies it.)"""
     lines = [prompt_store_line(cfg)]
     data, data_lines = data_problems(cfg)
