@@ -10,7 +10,9 @@
 A source is a run folder (TRAINER/seedS/CONFIG/metrics.jsonl, verl's file logger) or the archive
 `results.jsonl.gz` that `--archive` writes (several sources are merged; a run of a later source replaces one with
 the same trainer, config and seed): one line per run, {"trainer", "config", "seed", "records": [verl's
-logged steps, trimmed to the keys in KEEP]}. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
+logged steps, trimmed to the keys in KEEP], "launches": [each launch's provenance and versions], "resolved_config"}
+(the last two where the run recorded its launches). A pair counts as side by side when both runs ran every launch
+from one clean commit on one host. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
 per trainer, greedy validation accuracy per seed, mean ± std, the paired difference to decoupled PPO and to
 `gates_only` (mean and 95% interval over paired seeds), generated samples to reach the same seed's decoupled final
 accuracy, and the median step time over the second half of the run against decoupled's.
@@ -21,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import re
 import statistics
 import sys
@@ -29,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.staleness.paired import paired
+from benchmarks.staleness.provenance import same_origin
 from benchmarks.staleness.run_study import _curve, _mean_std, collapse_events, samples_to_reach
 from recipe.darl.demo import VAL_KEY
+from recipe.darl.robustness.run_records import LAUNCHES_FILE
 
 STEP_TIME = "timing_s/step"
 KEEP = (VAL_KEY, STEP_TIME, "timing_s/gen", "critic/score/mean", "response_length/mean", "actor/pg_clipfrac",
@@ -59,10 +62,29 @@ def load_runs(source: Path) -> list[dict[str, Any]]:
         cfg_dir = log.parent
         records = [_trim(json.loads(line)) for line in log.read_text().splitlines() if line.strip()]
         runs.append({"trainer": cfg_dir.parent.parent.name, "config": cfg_dir.name,
-                     "seed": int(cfg_dir.parent.name[len("seed"):]), "records": records})
+                     "seed": int(cfg_dir.parent.name[len("seed"):]), "records": records, **_launches(cfg_dir)})
     if not runs:
         raise FileNotFoundError(f"pipeline_report: no TRAINER/seedS/CONFIG/metrics.jsonl under {source}")
     return runs
+
+
+def _launches(cfg_dir: Path) -> dict[str, Any]:
+    """The run's launch records (recipe/darl/robustness/run_records.py): each launch's provenance and versions, and
+    the first launch's resolved config; {} for runs made before launches were recorded."""
+    path = cfg_dir / "checkpoints" / LAUNCHES_FILE
+    if not path.exists():
+        return {}
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {"launches": [{k: x[k] for k in ("provenance", "versions")} for x in lines],
+            "resolved_config": lines[0]["config"]} if lines else {}
+
+
+def origin(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's provenance when every launch of it ran from one clean commit on one host, else None."""
+    launches = [x["provenance"] for x in run.get("launches", [])]
+    if not launches or not all(same_origin(launches[0], x) for x in launches):
+        return None
+    return launches[0]
 
 
 def merge_runs(sources: list[Path]) -> list[dict[str, Any]]:
@@ -86,20 +108,25 @@ def as_result(run: dict[str, Any], samples_per_step: int) -> dict[str, Any]:
             evals.append({"step": rec["step"], "samples": rec["step"] * samples_per_step, "wall": wall,
                           "accuracy": float(rec["data"][VAL_KEY])})
     late = sorted(step_times[len(step_times) // 2:])
-    return {**{k: run[k] for k in ("trainer", "config", "seed")}, "evals": evals,
+    return {**{k: run[k] for k in ("trainer", "config", "seed")}, "evals": evals, "origin": origin(run),
             "initial_accuracy": evals[0]["accuracy"] if evals else float("nan"),
             "final_accuracy": evals[-1]["accuracy"] if evals else float("nan"),
             "step_time": late[len(late) // 2] if late else float("nan")}
 
 
-def _paired(a: dict[int, float], b: dict[int, float]) -> str:
-    """a - b over the seeds both have, in points: mean [95% interval], and the per-seed differences."""
+def _paired(a: dict[int, float], b: dict[int, float], side_by_side: int = 0) -> str:
+    """a - b over the seeds both have, in points: mean [95% interval], the per-seed differences, and how many of
+    the pairs ran side by side (one clean commit, one host)."""
     diff = paired(a, b)
     if diff.n < 2:
         return diff.points()
     seeds = sorted(set(a) & set(b))
     return (f"{100 * diff.mean:+.1f} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}] "
-            f"({', '.join(f'{100 * (a[s] - b[s]):+.1f}' for s in seeds)})")
+            f"({', '.join(f'{100 * (a[s] - b[s]):+.1f}' for s in seeds)}; {side_by_side} of {len(seeds)} side by side)")
+
+
+def _side_by_side(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]]) -> int:
+    return sum(same_origin(a[s]["origin"], b[s]["origin"]) for s in set(a) & set(b))
 
 
 def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128) -> str:
@@ -142,8 +169,8 @@ def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128) -
                 f"{_mean_std(list(final[c].values()))} | "
                 f"{statistics.mean(max(e['accuracy'] for e in cell[c][s]['evals']) for s in seeds):.3f} | "
                 f"{statistics.mean(min(e['accuracy'] for e in cell[c][s]['evals'][1:] or cell[c][s]['evals']) for s in seeds):.3f} | "
-                f"{_paired(final[c], final.get('decoupled', {})) if c != 'decoupled' else '-'} | "
-                f"{_paired(final[c], final.get('gates_only', {})) if c != 'gates_only' else '-'} | "
+                f"{_paired(final[c], final.get('decoupled', {}), _side_by_side(cell[c], base)) if c != 'decoupled' else '-'} | "
+                f"{_paired(final[c], final.get('gates_only', {}), _side_by_side(cell[c], cell.get('gates_only', {}))) if c != 'gates_only' else '-'} | "
                 f"{', '.join(reach) or '-'} | "
                 f"{statistics.median(times):.2f} / {statistics.median(times) / base_time:.2f}x |")
         starts = sorted({round(r["initial_accuracy"], 4) for c in configs for r in cell[c].values()})

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.darl.robustness.run_records import WANDB_ID_FILE, keep_run_records, launch_files
+from recipe.darl.robustness.run_records import LAUNCHES_FILE, WANDB_ID_FILE, keep_run_records, launch_files
 
 
 def _verl_tracking():
@@ -134,13 +134,40 @@ def test_a_launch_that_does_not_resume_starts_a_new_wandb_run(tmp_path, clean_en
     assert keep_run_records(_config(tmp_path, ["wandb"], resume_mode="disable"))["wandb_run_id"] != second
 
 
-def test_without_those_loggers_nothing_is_touched(tmp_path, clean_env, capsys):
+def test_without_those_loggers_only_the_launch_is_recorded(tmp_path, clean_env, capsys):
     metrics = tmp_path / "proj" / "exp.jsonl"
     metrics.parent.mkdir()
     metrics.write_text('{"step": 1, "data": {}}\n')
+    launches = str(tmp_path / "checkpoints" / LAUNCHES_FILE)
     assert keep_run_records(_config(tmp_path, ["console", "tensorboard"])) == {"kept": None, "metrics": None,
-                                                                              "wandb_run_id": None}
-    assert metrics.exists() and "WANDB_RUN_ID" not in os.environ and capsys.readouterr().out == ""
+                                                                              "wandb_run_id": None, "launches": launches}
+    assert metrics.exists() and "WANDB_RUN_ID" not in os.environ
+    assert capsys.readouterr().out == f"[D-ARL] provenance and resolved config of this launch appended to {launches}\n"
     # an empty file (a launch that died before logging) is not kept
     metrics.write_text("")
     assert keep_run_records(_config(tmp_path, ["file"]))["kept"] is None and metrics.exists()
+
+
+def test_every_launch_appends_its_provenance_and_resolved_config(tmp_path, clean_env):
+    """Two launches of one run: two lines in launches.jsonl, each with the commit of this checkout, the host, the
+    installed verl, and the config with its interpolations resolved (and the wandb id the launch exported)."""
+    import json
+    import socket
+    import subprocess
+
+    cfg = _config(tmp_path, ["wandb"])
+    cfg.trainer.total = "${trainer.project_name}-${trainer.experiment_name}"  # an interpolation, resolved on record
+    keep_run_records(cfg)
+    keep_run_records(cfg)
+    lines = [json.loads(x) for x in (tmp_path / "checkpoints" / LAUNCHES_FILE).read_text().splitlines()]
+    assert len(lines) == 2
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=os.path.dirname(__file__)).stdout.strip()
+    for line in lines:
+        p = line["provenance"]
+        assert p["commit"] == head and isinstance(p["dirty"], bool) and p["host"] == socket.gethostname()
+        assert p["cores"] == os.cpu_count() and p["date"].startswith("20")
+        assert line["versions"]["verl"] == "0.9.1"
+        assert line["config"]["trainer"]["total"] == "proj-exp"
+        assert line["config"]["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["WANDB_RUN_ID"] == os.environ[
+            "WANDB_RUN_ID"]

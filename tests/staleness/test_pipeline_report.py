@@ -53,9 +53,9 @@ def test_report_by_hand(tmp_path):
     # finals, mean ± std: pmis_sg 0.50, 0.36 -> 0.430 ± 0.099
     assert row["`pmis_sg`"][2] == "0.500, 0.360" and row["`pmis_sg`"][3] == "0.430 ± 0.099"
     # paired minus decoupled: +10, +6 points -> mean +8.0, s.e. = stdev(10, 6) / sqrt 2 = 2.0, x 12.706: [-17.4, +33.4]
-    assert row["`pmis_sg`"][6] == "+8.0 [-17.4, +33.4] (+10.0, +6.0)"
+    assert row["`pmis_sg`"][6] == "+8.0 [-17.4, +33.4] (+10.0, +6.0; 0 of 2 side by side)"  # no launch records
     # minus gates_only: +5, +6 -> +5.5, s.e. 0.5, t_0.975,1 = 12.706: [-0.9, +11.9]
-    assert row["`pmis_sg`"][7] == "+5.5 [-0.9, +11.9] (+5.0, +6.0)"
+    assert row["`pmis_sg`"][7] == "+5.5 [-0.9, +11.9] (+5.0, +6.0; 0 of 2 side by side)"
     # samples to the same seed's decoupled final (0.40 at step 20; 0.30 at step 20) over decoupled's 2,000:
     # pmis_sg seed 0 reaches 0.40 at step 10 (0.50x), seed 1 reaches 0.30 at step 10 (0.50x);
     # gates_only seed 0 first >= 0.40 at step 20 (1.00x), seed 1 at step 10 (0.50x)
@@ -69,6 +69,31 @@ def test_report_by_hand(tmp_path):
     assert "+5.0 (1 seed)" in line and "nan" not in one
     assert (tmp_path / "out" / "accuracy_vs_samples_one_step_off.png").stat().st_size > 0
     assert (tmp_path / "out" / "accuracy_vs_wall_one_step_off.png").stat().st_size > 0
+
+
+def test_pairs_count_as_side_by_side_only_from_one_clean_commit_on_one_host(tmp_path):
+    """Each run's checkpoints/launches.jsonl (what the entry points append, run_records.record_launch): the preset
+    and decoupled PPO ran from one commit on one host; gates_only's seed 1 elsewhere, and seed 0 resumed on
+    another commit; the archive keeps the launches and the resolved config."""
+    _write_runs(tmp_path / "runs")
+    here = {"commit": "a" * 40, "dirty": False, "host": "node1"}
+    launches = {("gates_only", 1): [{**here, "host": "node2"}], ("gates_only", 0): [here, {**here, "commit": "b" * 40}]}
+    for (cfg, seed) in CURVES:
+        folder = tmp_path / "runs" / "one_step_off" / f"seed{seed}" / cfg / "checkpoints"
+        folder.mkdir()
+        folder.joinpath("launches.jsonl").write_text("".join(
+            json.dumps({"provenance": p, "versions": {"verl": "0.9.1"}, "config": {"seed": seed}}) + "\n"
+            for p in launches.get((cfg, seed), [here])))
+    runs = load_runs(tmp_path / "runs")
+    text = report(runs, tmp_path / "out", samples_per_step=100)
+    row = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+           for line in text.splitlines() if line.startswith("| `")}
+    assert row["`pmis_sg`"][6].endswith("; 2 of 2 side by side)")
+    assert row["`pmis_sg`"][7].endswith("; 0 of 2 side by side)")
+    archive(runs, tmp_path / "ev")
+    kept = [json.loads(x) for x in gzip.decompress((tmp_path / "ev" / "results.jsonl.gz").read_bytes()).splitlines()]
+    assert all(r["launches"][0]["versions"] == {"verl": "0.9.1"} and r["resolved_config"] == {"seed": r["seed"]}
+               for r in kept)
 
 
 def test_a_run_still_going_is_left_out_and_named(tmp_path):
@@ -118,7 +143,7 @@ def test_sources_merge_and_a_later_run_replaces_an_earlier(tmp_path):
     text = (tmp_path / "ev2" / "summary.md").read_text()
     # decoupled's finals are now 0.40, 0.20; pmis_sg minus decoupled: +10, +16 -> +13.0, s.e. 3.0: [-25.1, +51.1]
     assert "| `decoupled` | decoupled PPO | 0.400, 0.200 |" in text
-    assert "+13.0 [-25.1, +51.1] (+10.0, +16.0)" in text
+    assert "+13.0 [-25.1, +51.1] (+10.0, +16.0; 0 of 2 side by side)" in text
     assert "| `sync` | sync (decoupled, staleness 0) | 0.330 |" in text
 
 

@@ -4,15 +4,25 @@ verl's `file` logger opens its jsonl file with mode "wb" and its wandb logger st
 `keep_run_records` (in the driver, before Ray) renames an earlier launch's metrics file to `<stem>.<NNN><suffix>`
 beside it (`sorted()` gives launch order) and exports `WANDB_RUN_ID` (kept in `<default_local_dir>/wandb_run_id`, new
 when the launch will not resume) with `WANDB_RESUME=allow`, also to Ray's workers, where verl creates its trackers.
+Every launch also appends its provenance (commit, dirty tree, host, CPU, cores, versions, date, command) and its
+fully resolved config to `<default_local_dir>/launches.jsonl` (`record_launch`).
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
+import platform
 import re
 import secrets
+import socket
 import string
-from typing import Mapping, Optional
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,6 +30,9 @@ from recipe.darl.core.config import as_list
 from recipe.darl.robustness.checkpoint_files import TRACKER_FILE, atomic_write_bytes
 
 WANDB_ID_FILE = "wandb_run_id"
+LAUNCHES_FILE = "launches.jsonl"
+REPO_ROOT = Path(__file__).resolve().parents[3]  # the D-ARL checkout (recipe/darl/robustness/ is three below)
+PACKAGES = ("verl", "torch", "vllm", "ray", "transformers")
 _ID_CHARS = string.ascii_lowercase + string.digits
 _ID = re.compile(r"^[a-z0-9]{8}$")
 
@@ -77,10 +90,64 @@ def wandb_run_id(config: DictConfig) -> tuple[str, str]:
     return run_id, f"new, id written to {id_file}"
 
 
+def _git(*args: str) -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def provenance() -> dict[str, Any]:
+    """The code and machine a run comes from; `dirty` counts tracked changes only (outputs and caches are ignored);
+    commit and dirty are None outside a git checkout."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
+            "host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "date": utc_now(), "argv": list(sys.argv)}
+
+
+def record_launch(config: DictConfig) -> str:
+    """Appends {"provenance", "versions", "config" (fully resolved)} to `<default_local_dir>/launches.jsonl`, one line
+    a launch, kept across relaunches; returns the file's path."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    try:
+        resolved = OmegaConf.to_container(config, resolve=True)
+    except Exception as e:  # an interpolation only the workers can resolve: the config as written, and why
+        resolved = {"unresolved": OmegaConf.to_container(config, resolve=False), "why": f"{type(e).__name__}: {e}"}
+    folder = os.path.abspath(config.trainer.default_local_dir)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, LAUNCHES_FILE)
+    with open(path, "a") as f:
+        f.write(json.dumps({"provenance": provenance(), "versions": versions, "config": resolved}, default=str) + "\n")
+    return path
+
+
 def keep_run_records(config: DictConfig) -> dict:
     """Called in the driver before verl's run_ppo. Keeps the earlier launch's metrics file and points wandb at the
     run being resumed; prints one line saying what it did. Returns {"kept": renamed metrics file or None,
-    "metrics": the file this launch writes or None, "wandb_run_id": the exported id or None}."""
+    "metrics": the file this launch writes or None, "wandb_run_id": the exported id or None, "launches": the launch
+    record's file}."""
     loggers = as_list(config.trainer.get("logger"))
     done = {"kept": None, "metrics": None, "wandb_run_id": None}
     said = []
@@ -104,6 +171,7 @@ def keep_run_records(config: DictConfig) -> dict:
                                  force_add=True)
         done["wandb_run_id"] = run_id
         said.append(f"wandb run {run_id} ({how}; WANDB_RESUME={os.environ.get('WANDB_RESUME', '')})")
-    if said:
-        print("[D-ARL] " + "; ".join(said), flush=True)
+    done["launches"] = record_launch(config)  # after the wandb id: the recorded config holds it
+    said.append(f"provenance and resolved config of this launch appended to {done['launches']}")
+    print("[D-ARL] " + "; ".join(said), flush=True)
     return done
