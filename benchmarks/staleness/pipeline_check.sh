@@ -16,6 +16,8 @@
 #   gates_only         the preset's controls without replay (replay.k=1: m2 gate + trust region on decoupled PPO)
 #   equal_update       decoupled PPO with two passes over each batch (actor.ppo_epochs=2)
 #   sync               decoupled PPO on-policy: fully_async with staleness_threshold 0, no partial rollout (fully_async only)
+#   any other name of the study's configurations (benchmarks/staleness/run_study.py, METHODS): the script and the
+#   overrides benchmarks/staleness/pipeline_configs.py gives it, every replay setting pinned (e.g. darl_tokens_e2)
 # A seed sets the rollout sampler (actor_rollout_ref.rollout.seed) and the data order (data.seed). Finished runs
 # (their last step logged) are skipped, so an interrupted study goes on where it stopped.
 set -euo pipefail
@@ -44,7 +46,16 @@ for seed in $SEEDS; do
                 sync)
                     [ "$trainer" = fully_async ] || { echo "pipeline_check: sync runs under fully_async only (skipped for $trainer)"; continue; }
                     script=decoupled; envs=(STALENESS_THRESHOLD=0 PARTIAL_ROLLOUT=false) ;;
-                *) echo "pipeline_check: unknown config '$cfg' in CONFIGS" >&2; exit 2 ;;
+                *)  # any other configuration of the study, as benchmarks/staleness/pipeline_configs.py maps it
+                    line=$(PYTHONPATH="$ROOT" "${PYTHON:-$ROOT/.venv/bin/python}" -m benchmarks.staleness.pipeline_configs "$cfg" 2>/dev/null) \
+                        || { echo "pipeline_check: unknown config '$cfg' in CONFIGS" >&2; exit 2; }
+                    read -r -a words <<< "$line"
+                    script="${words[0]}"; i=1
+                    while [[ "${words[i]}" != -- ]]; do envs+=("${words[i]}"); i=$((i + 1)); done
+                    extra=("${words[@]:i+1}")
+                    if [[ ${#envs[@]} -gt 0 && "$trainer" != fully_async ]]; then
+                        echo "pipeline_check: $cfg runs under fully_async only (skipped for $trainer)"; continue
+                    fi ;;
             esac
             case "$trainer" in
                 one_step_off|fully_async|v1_colocate_async) ;;

@@ -3,6 +3,7 @@
 # stage. Finished runs are skipped, so an interrupted study goes on where it stopped.
 #   bash benchmarks/staleness/protocol.sh [OUT]                 # validation + development stage (seeds 0-7)
 #   STAGE=heldout bash benchmarks/staleness/protocol.sh [OUT]   # the held-out seeds, once the development stage chose
+#   STAGE=pipeline bash benchmarks/staleness/protocol.sh [OUT]  # the same choice through the CPU launch scripts
 # TASK (scarce) picks the regime; JOBS (2) runs side by side, one thread each. Runs archived under ARCHIVE
 # (docs/evidence/protocol, written by `python -m benchmarks.staleness.protocol archive OUT ARCHIVE`) are restored first.
 set -euo pipefail
@@ -50,6 +51,16 @@ elif [[ "$STAGE" == heldout ]]; then
         --seeds $(consts HELDOUT_SEEDS) --methods sync naive decoupled equal_update "$PRESET" "$ALT"
     "$PY" -m benchmarks.staleness.protocol headline "$OUT/$TASK/heldout" --preset "$PRESET" --alternative "$ALT" \
         --out "$OUT/$TASK/heldout/headline.md"
+elif [[ "$STAGE" == pipeline ]]; then
+    # the same choice through the CPU launch scripts at the validated rate (protocol.md, section 4): one-step-off, and
+    # fully-async at staleness_threshold 4 with its on-policy run (sync) as the ceiling, every held-out seed
+    choice="$OUT/$TASK/dev/choice.md"
+    PRESET=$(sed -n 's/^preset: \([a-z0-9_]*\)$/\1/p' "$choice")
+    ALT=$(sed -n 's/^alternative: \([a-z0-9_]*\)$/\1/p' "$choice")
+    [[ -n "$PRESET" && -n "$ALT" ]] || { echo "the development stage has not chosen yet: $choice" >&2; exit 1; }
+    PYTHON="$PY" TASK="$TASK" LR="$LR" STALENESS_THRESHOLD=4 STEPS="${STEPS:-40}" SEEDS="$(consts HELDOUT_SEEDS)" \
+        TRAINERS="one_step_off fully_async" CONFIGS="sync decoupled $PRESET $ALT" \
+        bash "$here/pipeline_check.sh" "$OUT/$TASK/pipeline"
 else
-    echo "STAGE must be dev or heldout, got '$STAGE'" >&2; exit 1
+    echo "STAGE must be dev, heldout or pipeline, got '$STAGE'" >&2; exit 1
 fi

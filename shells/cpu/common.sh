@@ -28,6 +28,7 @@
 #   VLLM_CPU_KVCACHE_SPACE  vLLM's KV cache in whole GiB (ROLLOUT=vllm) [1]
 #   RAY_DASHBOARD   true: start Ray's dashboard (its processes take cycles from a 2-core machine) [false]
 #   DARL_DRY_RUN    1: print the resolved config and exit before Ray starts
+#   DARL_PRINT_CMD  1: print the command instead of running it
 
 # the logical GPUs and CPUs the local Ray cluster advertises (verl's placement counts GPUs, its actors ask for more CPUs
 # than a small machine has); a job that joins a running cluster (RAY_ADDRESS, as shells/run.sh starts one) takes that
@@ -182,9 +183,19 @@ darl_cpu_setup() {
     fi
 }
 
+# runs the entry point's command, or with DARL_PRINT_CMD=1 prints it (as shells/common.sh does)
+darl_cpu_exec() {
+    if [[ -n "${DARL_PRINT_CMD:-}" && "${DARL_PRINT_CMD}" != 0 ]]; then
+        printf '%q ' "$@"
+        printf '\n'
+        return 0
+    fi
+    "$@"
+}
+
 darl_cpu_run() {
     # the one-step-off task runner alone asks for 10 logical CPUs
-    "$PYTHON" -m recipe.darl.main_one_step_off "${DARL_CPU_ARGS[@]}" $(ray_resource num_cpus $((15 + TRAINER_RANKS))) $(ray_job_env) "$@"
+    darl_cpu_exec "$PYTHON" -m recipe.darl.main_one_step_off "${DARL_CPU_ARGS[@]}" $(ray_resource num_cpus $((15 + TRAINER_RANKS))) $(ray_job_env) "$@"
 }
 
 # verl's fully-async pipeline on the same example: a rollouter streams groups into verl's MessageQueue; each
@@ -194,7 +205,7 @@ darl_cpu_run() {
 darl_cpu_fully_async_run() {
     local require="${REQUIRE_BATCHES:-2}" sync="${SYNC_STEPS:-1}"
     # verl's fully-async actors ask for logical CPUs: task runner 1, trainer 10, rollouter 10, queue 2, workers
-    "$PYTHON" -m recipe.darl.main_fully_async "${DARL_CPU_ARGS[@]}" \
+    darl_cpu_exec "$PYTHON" -m recipe.darl.main_fully_async "${DARL_CPU_ARGS[@]}" \
         $(ray_resource num_cpus $((31 + TRAINER_RANKS))) $(ray_job_env) \
         data.train_batch_size=0 \
         "rollout.total_rollout_steps=$((STEPS * MINI_BATCH_SIZE * require))" \
@@ -218,7 +229,7 @@ darl_cpu_v1_run() {
     for a in "${DARL_CPU_ARGS[@]}"; do
         case "$a" in rollout.n_gpus_per_node=*|actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=*) ;; *) args+=("$a") ;; esac
     done
-    "$PYTHON" -m recipe.darl.main_v1 "${args[@]}" \
+    darl_cpu_exec "$PYTHON" -m recipe.darl.main_v1 "${args[@]}" \
         $(ray_resource num_cpus $((18 + TRAINER_RANKS))) $(ray_job_env) \
         "trainer.v1.trainer_mode=$mode" \
         "${rollout[@]}" \

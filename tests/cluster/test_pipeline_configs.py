@@ -1,0 +1,59 @@
+"""Each configuration of the study (benchmarks/staleness/run_study.py, METHODS) through the CPU launch scripts
+(benchmarks/staleness/pipeline_configs.py): the script and overrides compose, through the entry point's own
+preparation, to the replay settings the harness trains with, the same number of passes, and verl's IcePop bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from cluster_helpers import SHELLS, base_env, compose
+
+from benchmarks.staleness.harness import HarnessConfig
+from benchmarks.staleness.pipeline_configs import launch
+from benchmarks.staleness.protocol import DEV_CONFIGS
+from benchmarks.staleness.run_study import METHODS
+from recipe.darl.core.config import PRESET, ReplayConfig
+
+
+def _resolved(rc: ReplayConfig) -> dict:
+    return {f.name: rc.resolved(f.name) if f.name in PRESET else getattr(rc, f.name) for f in dataclasses.fields(rc)}
+
+
+@pytest.fixture(scope="module")
+def composed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pipeline_configs")
+    env = base_env(tmp)
+    env.update(MODEL_PATH=str(tmp / "model"), TRAIN_FILES=str(tmp / "data/math/train.parquet"),
+               VAL_FILES=str(tmp / "data/math500/test.parquet"))
+    jobs, names = [], []
+    for name in DEV_CONFIGS:
+        script, overrides, extra = launch(name)
+        trainer = "fully_async" if extra else "one_step_off"  # sync holds the fully-async rollouter at staleness 0
+        jobs.append((SHELLS / "cpu" / f"{trainer}_grpo_tiny_arith_cpu_replay_4_{script}.sh", overrides, {**env, **extra}))
+        names.append(name)
+    return dict(zip(names, compose(jobs)))
+
+
+@pytest.mark.parametrize("name", DEV_CONFIGS)
+def test_a_study_configuration_through_the_launch_scripts_is_the_harness_configuration(composed, name):
+    cfg, spec = composed[name], METHODS[name]
+    replay = ReplayConfig.from_dict(cfg["replay"])
+    assert cfg["actor_rollout_ref"]["actor"]["ppo_epochs"] == spec.get("epochs", 1)
+    corr = cfg["algorithm"]["rollout_correction"]
+    if spec["method"] == "darl":
+        assert replay.enable and _resolved(replay) == _resolved(HarnessConfig(**spec).replay_config())
+    else:
+        assert not replay.enable
+        assert corr["bypass_mode"] == (spec["method"] == "naive")  # naive: PPO against the rollout's log-probs
+    if spec["method"] == "icepop":
+        assert corr["rollout_is"] == "token" and corr["rollout_is_threshold"] == "0.5_5.0"
+    elif spec["method"] == "decoupled":
+        assert corr["rollout_is"] == "token" and corr["rollout_is_threshold"] == 2.0  # C = 2, as the harness
+    if spec.get("staleness") == 0:
+        assert cfg["async_training"]["staleness_threshold"] == 0 and cfg["async_training"]["partial_rollout"] is False
+
+
+def test_an_unknown_name_is_refused():
+    with pytest.raises(KeyError, match="not a configuration"):
+        launch("darl_v9")
