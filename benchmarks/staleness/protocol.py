@@ -9,7 +9,8 @@
 seeds and picks the best D-ARL configuration (the preset) and the best simple alternative. `headline` pairs the
 preset with decoupled PPO and with the alternative at s = 4 and 8 over the held-out seeds (paired t test), adjusts
 the four p-values with Holm's method and gives each comparison its verdict; secondary rows follow, unadjusted; then
-each configuration's accuracy at equal generated samples, gradient steps and wall time (`two_axes`).
+each configuration's accuracy at equal generated samples, gradient steps and wall time (`two_axes`), also as
+figures `two_axes_s4.png`, `two_axes_s8.png` beside the table (`two_axes_figure`).
 """
 
 from __future__ import annotations
@@ -184,6 +185,41 @@ def two_axes(results: list[dict[str, Any]], names: Iterable[str], s: int, seeds:
     return "\n".join(lines) + "\n"
 
 
+def two_axes_figure(results: list[dict[str, Any]], names: Iterable[str], s: int, seeds: Iterable[int],
+                    out: Path) -> Path:
+    """`two_axes_s{s}.png`: accuracy against generated samples, gradient steps and wall time (three panels), each
+    configuration's mean over `seeds` with +- one std, each run's curve interpolated onto a common grid up to the
+    least any run reached on that axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cells = _finals(results, seeds)
+    rows = {n: list(cells.get((0 if n == "sync" else s, n), {}).values()) for n in names}
+    rows = {n: runs for n, runs in rows.items() if runs}
+    fig, axes = plt.subplots(1, len(AXES), figsize=(5 * len(AXES), 3.8), sharey=True)
+    for ax, axis in zip(axes, AXES):
+        end = min(curve(r, axis)[0][-1] for runs in rows.values() for r in runs)
+        grid = np.linspace(0.0, end, 26)
+        for n, runs in rows.items():
+            y = np.array([[accuracy_at(r, axis, x) for x in grid] for r in runs])
+            (line,) = ax.plot(grid, y.mean(0), label=f"{n} ({len(runs)})", lw=2.2 if n.startswith("darl") else 1.4)
+            ax.fill_between(grid, y.mean(0) - y.std(0), y.mean(0) + y.std(0), alpha=0.12, color=line.get_color())
+        ax.set_xlabel({"samples": "generated samples", "updates": "gradient steps", "wall": "wall time (s)"}[axis])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("greedy accuracy")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(f"s = {s}: accuracy at equal samples, gradient steps and wall time (mean +- std over seeds)")
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"two_axes_s{s}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def archive(out: Path, folder: Path) -> list[Path]:
     """Every OUT/**/results.jsonl as FOLDER/**/results.jsonl.gz (the study's raw runs, kept in the repository)."""
     import gzip
@@ -239,6 +275,8 @@ def main(argv=None) -> int:
         names = ("sync", "naive", "decoupled", "equal_update", args.preset, args.alternative)
         text = (headline_table(*headline(results, args.preset, args.alternative)) + "\n"
                 + "\n".join(two_axes(results, dict.fromkeys(names), s, HELDOUT_SEEDS) for s in STALENESS))
+        for s in STALENESS:  # the same comparison as figures, beside the table
+            two_axes_figure(results, dict.fromkeys(names), s, HELDOUT_SEEDS, args.out.parent if args.out else args.study)
     print(text)
     if args.out:
         args.out.write_text(text)

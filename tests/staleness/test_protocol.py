@@ -147,7 +147,7 @@ def test_archive_and_restore_keep_every_run(tmp_path):
     assert protocol.restore(tmp_path / "archive", fresh) == []  # runs already there are never overwritten
 
 
-def test_accuracy_at_equal_samples_gradient_steps_and_wall_time_by_hand():
+def test_accuracy_at_equal_samples_gradient_steps_and_wall_time_by_hand(tmp_path):
     """Two runs, evaluated at steps 0, 10 and 20: `two` makes two updates a step and runs slower. At 20 gradient
     steps (the fewer of their ends: 20 vs 40) `one` has finished (0.6) and `two` is halfway (step 10: 0.5); at 100 s
     (`one`'s end) `two`, whose evaluations are at 0, 80 and 160 s, sits between 0.5 and 0.7: 0.5 + 0.2 x 20 / 80."""
@@ -171,3 +171,8 @@ def test_accuracy_at_equal_samples_gradient_steps_and_wall_time_by_hand():
     assert "| equal_update | 0.350 | 0.500 | 0.700 |" in table  # samples: 1280 (halfway to step 10), 2560, 5120
     assert "| equal_update | 0.275 | 0.350 | 0.500 |" in table  # gradient steps: 5, 10, 20
     assert "| s = 4, equal wall time | at 25 s | at 50 s | at 100 s |" in table
+    # the same comparison as a figure: three panels, one curve per configuration
+    import matplotlib.image
+
+    path = protocol.two_axes_figure([one, two], ["decoupled", "equal_update"], 4, [0], tmp_path)
+    assert path == tmp_path / "two_axes_s4.png" and matplotlib.image.imread(path).shape[1] > 3 * 300
