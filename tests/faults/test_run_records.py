@@ -171,3 +171,11 @@ def test_every_launch_appends_its_provenance_and_resolved_config(tmp_path, clean
         assert line["config"]["trainer"]["total"] == "proj-exp"
         assert line["config"]["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["WANDB_RUN_ID"] == os.environ[
             "WANDB_RUN_ID"]
+
+
+def test_a_remote_checkpoint_folder_gets_no_local_launch_record(tmp_path, clean_env, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _config(tmp_path, ["console"])
+    cfg.trainer.default_local_dir = "hdfs://namenode/ckpt"
+    assert keep_run_records(cfg)["launches"] is None and list(tmp_path.iterdir()) == []  # no local "hdfs:" folder
+

@@ -122,9 +122,11 @@ def provenance() -> dict[str, Any]:
             "python": platform.python_version(), "date": utc_now(), "argv": list(sys.argv)}
 
 
-def record_launch(config: DictConfig) -> str:
+def record_launch(config: DictConfig) -> Optional[str]:
     """Appends {"provenance", "versions", "config" (fully resolved)} to `<default_local_dir>/launches.jsonl`, one line
-    a launch, kept across relaunches; returns the file's path."""
+    a launch, kept across relaunches; returns the file's path (None for a remote checkpoint folder, `scheme://`)."""
+    if "://" in str(config.trainer.default_local_dir):
+        return None
     versions = {}
     for name in PACKAGES:
         try:
@@ -172,6 +174,8 @@ def keep_run_records(config: DictConfig) -> dict:
         done["wandb_run_id"] = run_id
         said.append(f"wandb run {run_id} ({how}; WANDB_RESUME={os.environ.get('WANDB_RESUME', '')})")
     done["launches"] = record_launch(config)  # after the wandb id: the recorded config holds it
-    said.append(f"provenance and resolved config of this launch appended to {done['launches']}")
-    print("[D-ARL] " + "; ".join(said), flush=True)
+    if done["launches"]:
+        said.append(f"provenance and resolved config of this launch appended to {done['launches']}")
+    if said:
+        print("[D-ARL] " + "; ".join(said), flush=True)
     return done
