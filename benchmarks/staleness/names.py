@@ -5,7 +5,7 @@ A study's method name says what the run trained. When the preset changed, the na
 
     darl_no_prompt      the group-replay preset: the preset with replay.prompt_replay=false (shipped until 2026-11-25)
     darl_v2             the preset with the two-sided behavior trust region (replay.behavior_clip_high=0.2)
-    darl_v1             the first design (chi2-ranked selection)
+    darl_chi2           the first design (chi2-ranked selection)
     darl_prompt_always  per-prompt replay for every returning prompt, on the group-replay preset
 
     python -m benchmarks.staleness.names docs/evidence      # renames every archive in place; idempotent
@@ -34,10 +34,10 @@ _GROUP_PRESET = {"darl": "darl_no_prompt", "darl_prompt_zero": "darl", "darl_e2"
 _TWO_SIDED = {"darl": "darl_v2", "darl_no_bclip": "darl_v2_no_bclip", "darl_no_m2": "darl_v2_no_m2",
               "gates_only": "gates_v2", "bclip_only": "bclip_v2_only"}
 # the first design's study: its `darl` ranked groups by chi2
-_FIRST_DESIGN = {"darl": "darl_v1", "darl_k1": "darl_v1_k1", "darl_k2": "darl_v1_k2", "darl_k8": "darl_v1_k8",
-                 "darl_keep_zero_adv": "darl_v1_keep_zero_adv", "darl_max_reuse1": "darl_v1_max_reuse1",
-                 "pmis_no_selection": "darl_v1_pmis_no_selection", "replay_uniform": "darl_v1_replay_uniform",
-                 "selection_no_pmis": "darl_v1_selection_no_pmis"}
+_FIRST_DESIGN = {"darl": "darl_chi2", "darl_k1": "darl_chi2_k1", "darl_k2": "darl_chi2_k2", "darl_k8": "darl_chi2_k8",
+                 "darl_keep_zero_adv": "darl_chi2_keep_zero_adv", "darl_max_reuse1": "darl_chi2_max_reuse1",
+                 "pmis_no_selection": "darl_chi2_pmis_no_selection", "replay_uniform": "darl_chi2_replay_uniform",
+                 "selection_no_pmis": "darl_chi2_selection_no_pmis"}
 
 # archive folder -> {name at run: name now}; the pipeline archive renames its `config` field
 RENAMES: dict[str, dict[str, str]] = {
@@ -46,7 +46,7 @@ RENAMES: dict[str, dict[str, str]] = {
     "benign_shipped": _GROUP_PRESET,
     "stress": _TWO_SIDED,
     "benign": _TWO_SIDED,
-    "v1": _FIRST_DESIGN,
+    "chi2_selection": _FIRST_DESIGN,
     "pipeline_scarce": {"pmis_sg": "pmis_sg_no_prompt", "pmis_sg_prompt_zero": "pmis_sg",
                         "pmis_sg_e2": "pmis_sg_no_prompt_e2", "pmis_sg_prompt": "pmis_sg_prompt_always",
                         "pmis_sg_prompt_mixed": "pmis_sg_prompt_always_mixed"},

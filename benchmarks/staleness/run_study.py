@@ -182,7 +182,7 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
 
 
 # the curves of accuracy_vs_*: the study's names, and the archived presets of earlier designs where a study ran them
-MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl_v1", "darl_v2", "darl_no_prompt", "darl")
+MAIN_METHODS = ("sync", "naive", "decoupled", "equal_update", "gates_only", "darl_chi2", "darl_v2", "darl_no_prompt", "darl")
 
 
 def _curve(runs: list[dict[str, Any]], axis: str):
@@ -236,7 +236,7 @@ def _plots(by_cell, stalenesses, methods, out: Path) -> None:
             fig, ax = plt.subplots(figsize=(6, 4))
             main = [m for m in MAIN_METHODS if m in methods]
             if "darl" in main:  # the preset's study: earlier presets stay in ablations_s{S}.png
-                main = [m for m in main if m not in ("darl_v1", "darl_v2")]
+                main = [m for m in main if m not in ("darl_chi2", "darl_v2")]
             curves(ax, s, main, axis)
             ax.set_xlabel("generated samples" if axis == "samples" else "wall time, generation + training (s)")
             ax.set_title(f"staleness s = {s} (mean ± std over seeds)")

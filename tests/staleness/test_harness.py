@@ -116,7 +116,7 @@ def test_study_names_resolve(model_dir):
         HarnessConfig(method="darl", order="chi2")  # a retired design
     assert HarnessConfig(method="darl", pmis=False).replay_config().resolved("ratio") is None
     assert cell_staleness("sync", 8) == 0 and cell_staleness("darl", 8) == 8
-    assert cell_staleness("darl_v1", 8) == 8  # an archived name runs nowhere but still has a cell
+    assert cell_staleness("darl_chi2", 8) == 8  # an archived name runs nowhere but still has a cell
     with pytest.raises(ValueError):
         HarnessConfig(method="darl", k=0)
     # uniform replay, and with its fixed budget made explicit, both train
@@ -210,9 +210,9 @@ def test_run_and_report(model_dir, tmp_path):
     naive = make(model_dir, "naive", 1).run()
     naive.update(method_name="naive", staleness=1, seed=0)
     uniform = make(model_dir, "darl", 1, pmis=False).run()
-    uniform.update(method_name="darl_v1_replay_uniform", staleness=1, seed=0)  # an archived name is reported too
+    uniform.update(method_name="darl_chi2_replay_uniform", staleness=1, seed=0)  # an archived name is reported too
     table = report([result, naive, uniform], tmp_path)
-    assert "| 1 | darl |" in table and "| 1 | naive |" in table and "| 1 | darl_v1_replay_uniform |" in table
+    assert "| 1 | darl |" in table and "| 1 | naive |" in table and "| 1 | darl_chi2_replay_uniform |" in table
     assert (tmp_path / "summary.md").exists()
     for png in ("accuracy_vs_samples_s1", "accuracy_vs_wall_s1", "ablations_s1", "replay_s1", "final_vs_staleness"):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000, png
