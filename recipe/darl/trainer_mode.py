@@ -69,4 +69,4 @@ def trainer_mode(cfg: DictConfig, v1: bool = False) -> TrainerMode:
 
 def step_budget(cfg: DictConfig) -> int:
     """B of a V0 config, or of a plain container of one (the workers and the estimate have only the config)."""
-    return TrainerMode(FULLY_ASYNC if cfg.get("async_training") is not None else ONE_STEP_OFF).step_budget(cfg)
+    return trainer_mode(cfg).step_budget(cfg)

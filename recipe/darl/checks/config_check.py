@@ -15,7 +15,7 @@ from ..core import group_multiple
 from ..core.config import ReplayConfig, as_list, is_int, is_number
 from ..core.darts import DartsConfig
 from ..rewards.code_reward import SANDBOXES
-from ..trainer_mode import V1_MODES, step_budget, trainer_mode
+from ..trainer_mode import ONE_STEP_OFF, V1_MODES, TrainerMode, step_budget, trainer_mode
 from .rules import rule_problems
 
 
@@ -33,7 +33,8 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     arr = cfg.actor_rollout_ref
     corr = cfg.algorithm.rollout_correction
 
-    problems += rule_problems(cfg, trainer_mode(cfg, v1).name)
+    mode = trainer_mode(cfg, v1)  # decided once here; the helpers below take it
+    problems += rule_problems(cfg, mode.name)
     threshold = corr.rollout_is_threshold
     if is_number(threshold) and float(threshold) <= 0:
         problems.append(f"algorithm.rollout_correction.rollout_is_threshold must be > 0, got {threshold}")
@@ -45,7 +46,7 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     bypass = bool(corr.get("bypass_mode", False))
     users = [user for on, user in ((enabled, "replay.enable=true (behavior log-probs for the scores and weights)"),
                                    (bypass, "bypass_mode=true (the rollout's log-probs stand for pi_old)"),
-                                   (trainer_mode(cfg).fully_async, "verl's fully-async rollouter")) if on]
+                                   (mode.fully_async, "verl's fully-async rollouter")) if on]
     if users and not arr.rollout.get("calculate_log_probs", False):
         problems.append(f"{users[0]} needs actor_rollout_ref.rollout.calculate_log_probs=true")
     if enabled and not is_number(threshold):
@@ -59,13 +60,13 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
         problems.append("algorithm.rollout_correction.bypass_mode=true with rollout_is/rollout_rs/loss_type set: verl 0.9.1 "
                         "binds the worker's loss at init and would silently ignore them; use bypass_mode=false (decoupled)")
 
-    if trainer_mode(cfg).fully_async:
+    if mode.fully_async:
         problems += fully_async_findings(cfg)[0]
-    problems += _batch_problems(cfg, replay_values if enabled else None)
-    problems += _launch_problems(cfg, v1)
+    problems += _batch_problems(cfg, mode, replay_values if enabled else None)
+    problems += _launch_problems(cfg, mode)
     problems += _path_problems(cfg)
     problems += _fault_problems(cfg)
-    problems += _darts_problems(cfg)
+    problems += _darts_problems(cfg, mode)
     return problems
 
 
@@ -73,7 +74,7 @@ SHAPING_MANAGER = "recipe.darl.workers.darts_rollout.DartsAgentLoopManager"
 NO_REQUEST_ABORT = ("sglang", "trtllm")  # verl 0.9.1's servers without a per-request abort_request
 
 
-def _darts_problems(cfg: DictConfig) -> list[str]:
+def _darts_problems(cfg: DictConfig, mode: TrainerMode) -> list[str]:
     """`rollout_shaping.*` (DARTS); when on, the one-step-off trainer's rollout manager must be DARTS' (set by
     `fixups.install_darts_manager`; the fully-async trainer installs it in its rollouter, trainers/darl_run.py)."""
     values: dict[str, Any] = OmegaConf.to_container(cfg.get("rollout_shaping", {}) or {}, resolve=True)
@@ -87,7 +88,7 @@ def _darts_problems(cfg: DictConfig) -> list[str]:
                         f"group's tail by aborting single requests, and verl 0.9.1's {rollout.name} server has no "
                         "per-request abort (only abort_all_requests); use rollout.name=vllm")
     current = rollout.agent.get("agent_loop_manager_class")
-    if trainer_mode(cfg).fully_async:
+    if mode.fully_async:
         if current:
             problems.append(f"rollout_shaping.enable=true with actor_rollout_ref.rollout.agent.agent_loop_manager_class="
                             f"{current}: the fully-async rollouter ignores that key; DARTS installs its own manager there")
@@ -168,13 +169,13 @@ def resolved_replay_key(replay_values: dict, key: str) -> Any:
         return None
 
 
-def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
+def _batch_problems(cfg: DictConfig, mode: TrainerMode, replay_values: dict | None) -> list[str]:
     problems = []
     arr = cfg.actor_rollout_ref
     n = int(arr.rollout.n)
-    budget = step_budget(cfg)
+    budget = mode.step_budget(cfg)
     mini = int(arr.actor.ppo_mini_batch_size)
-    dp = trainer_mode(cfg).dp_size(cfg)
+    dp = mode.dp_size(cfg)
     if mini < 1 or budget < 1 or n < 1:
         return [f"data.train_batch_size ({budget}), actor_rollout_ref.actor.ppo_mini_batch_size ({mini}) and "
                 f"actor_rollout_ref.rollout.n ({n}) must be >= 1"]
@@ -203,18 +204,18 @@ def _batch_problems(cfg: DictConfig, replay_values: dict | None) -> list[str]:
     return problems
 
 
-def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
+def _launch_problems(cfg: DictConfig, mode: TrainerMode) -> list[str]:
     """Values verl 0.9.1 refuses only once Ray, the workers and the models have started (resume, rollout GPUs,
     batch splits, dynamic batch sizes)."""
     from verl.trainer.ppo.utils import need_critic, need_reward_model
 
     problems = []
     trainer, arr = cfg.trainer, cfg.actor_rollout_ref
-    mode = trainer.get("resume_mode", "auto")
-    if mode == "resume_path" and "global_step_" not in str(trainer.get("resume_from_path") or ""):
+    v1, resume = mode.v1, trainer.get("resume_mode", "auto")
+    if resume == "resume_path" and "global_step_" not in str(trainer.get("resume_from_path") or ""):
         problems.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>/global_step_<N>, "
                         f"got {trainer.get('resume_from_path')!r}")
-    if mode != "disable" and trainer.get("default_hdfs_dir") is not None:
+    if resume != "disable" and trainer.get("default_hdfs_dir") is not None:
         problems.append("trainer.default_hdfs_dir is set: verl 0.9.1 cannot resume from HDFS; set it null")
     if bool(arr.actor.get("use_dynamic_bsz", False)) != bool(arr.rollout.get("log_prob_use_dynamic_bsz", False)):
         problems.append("actor_rollout_ref.actor.use_dynamic_bsz and actor_rollout_ref.rollout.log_prob_use_dynamic_bsz "
@@ -223,7 +224,7 @@ def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
     width = math.prod(int(rollout.get(k) or 1) for k in ("tensor_model_parallel_size", "data_parallel_size",
                                                            "pipeline_model_parallel_size"))
     pool = arr.rollout if v1 else cfg.get("rollout")
-    separate = v1 and trainer.v1.trainer_mode == "separate_async"  # V1's rollout on GPUs of its own
+    separate = mode.name == "separate_async"  # V1's rollout on GPUs of its own
     if (separate or not v1) and pool is not None:
         prefix = "actor_rollout_ref.rollout" if v1 else "rollout"
         nodes, gpus = int(pool.get("nnodes") or 0), int(pool.get("n_gpus_per_node") or 0)
@@ -238,13 +239,13 @@ def _launch_problems(cfg: DictConfig, v1: bool) -> list[str]:
     if not v1 and uses_critic and cfg.critic.get("strategy") != "fsdp":  # verl's separated trainers build no other
         problems.append(f"critic.strategy={cfg.critic.get('strategy')!r}: verl 0.9.1's one-step-off and fully-async "
                         "trainers build the critic only with strategy fsdp (its FSDP2 engine); set critic.strategy=fsdp")
-    if ((trainer_mode(cfg).fully_async or separate) and need_reward_model(cfg)
+    if ((mode.fully_async or separate) and need_reward_model(cfg)
             and not cfg.reward.reward_model.get("enable_resource_pool")):
         problems.append("reward.reward_model.enable=true needs reward.reward_model.enable_resource_pool=true here: the "
                         "rollout never pauses for a reward model on the rollout's GPUs")
     workers = int(rollout.agent.get("num_workers") or 1)
-    if not v1 and not trainer_mode(cfg).fully_async and (step_budget(cfg) * int(rollout.n)) % workers:
-        problems.append(f"data.train_batch_size x actor_rollout_ref.rollout.n = {step_budget(cfg) * int(rollout.n)} "
+    if mode.name == ONE_STEP_OFF and (mode.step_budget(cfg) * int(rollout.n)) % workers:
+        problems.append(f"data.train_batch_size x actor_rollout_ref.rollout.n = {mode.step_budget(cfg) * int(rollout.n)} "
                         f"responses must split evenly over actor_rollout_ref.rollout.agent.num_workers={workers}")
     return problems
 

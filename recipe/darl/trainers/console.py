@@ -88,7 +88,7 @@ class CompactTracking:
     `console: full` keeps verl's)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.key = f"_darl_{name}"
+        self.name, self.key = name, f"_darl_{name}"
 
     def __get__(self, trainer: Any, owner: Optional[type] = None) -> Any:
         if trainer is None:
@@ -96,7 +96,7 @@ class CompactTracking:
         try:
             return trainer.__dict__[self.key]
         except KeyError:
-            raise AttributeError(self.key[len("_darl_"):]) from None
+            raise AttributeError(self.name) from None
 
     def __set__(self, trainer: Any, tracking: Any) -> None:
         trainer.__dict__[self.key] = compact_console(

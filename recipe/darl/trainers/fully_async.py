@@ -150,7 +150,7 @@ class DarlFullyAsyncTrainerImpl(FullyAsyncTrainerBase):
             return
         saved = self.last_ckpt_version == self.current_param_version  # verl's periodic save just ran
         self.darl.save_for_stop(f"parameter version {self.current_param_version} (trainer step {self.global_steps})",
-                            saved=saved)
+                                saved=saved)
         self.last_ckpt_version = self.current_param_version
         self._stopping = True
 
