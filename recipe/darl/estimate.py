@@ -4,19 +4,9 @@
     python -m recipe.darl.estimate SCRIPT --mean-response 900 --gpu-gib 141      # your lengths, an H200
 
 The script's resolved config comes from its dry run (DARL_DRY_RUN=1, no GPU needed). Every figure is an estimate from
-costs measured on one H100 80GB (docs/performance.md, docs/darts.md), scaled by the model's size and the config:
-
-- training: verl's FSDP2 engine, bf16, sdpa attention, gradient checkpointing: 3,820 tokens/s per GPU at Qwen3-1.7B's
-  shape and 2,895 at Qwen3-4B's (one mini-batch of 58,469 tokens, 15.3 s and 20.2 s), plus a third for the old
-  log-prob forward (none in bypass mode, the naive `_async` scripts); GPUs assumed to scale linearly;
-- generation: the measured CUDA-graph decode step of the model (fixed + per sequence + per context token), over
-  responses of `--mean-response` tokens (default: 250 for GSM8K, 700 for MATH), the longest 2.5x that; replicas
-  scale linearly; vLLM's own scheduling is not in it;
-- one-step-off and fully-async overlap the two: a step takes the longer of them;
-- trainer GPU memory: 16 bytes per parameter (FSDP2 state, sharded over the trainer GPUs) plus activations as
-  measured (7.3 GiB at 1.7B, 15.4 GiB at 4B for 8,192-token micro-batches, scaled by the micro-batch's tokens);
-- host memory of the replay buffer: K versions x groups per step x n x response tokens x 19 bytes (token ids,
-  masks and log-probs with 2.5 recorded versions, `make bench`).
+costs measured on one H100 80GB (MODELS; docs/performance.md, docs/darts.md), scaled by the model's size and the
+config: trainer GPUs and rollout replicas are assumed to scale linearly, vLLM's own scheduling is not in it, and
+one-step-off and fully-async overlap training with generation (a step takes the longer of them).
 """
 
 from __future__ import annotations
@@ -48,17 +38,16 @@ class ModelCost:
     decode_fixed_ms: float
     decode_per_seq_ms: float
     decode_per_ctx_token_ms: float
-    kv_bytes_per_token: int
 
 
 # decode fits: docs/evidence/darts/gpu/decode_cost_h100.json; training: docs/performance.md (2026-11-27)
 MODELS = {
-    "qwen3-1.7b": ModelCost(1.72e9, 58469 / 15.3, 32.9 - 16 * 1.72e9 / GIB, 2.591, 0.00334, 3.727e-5, 2 * 28 * 8 * 128 * 2),
-    "qwen3-4b": ModelCost(4.02e9, 58469 / 20.2, 75.4 - 16 * 4.02e9 / GIB, 4.689, 0.00747, 4.791e-5, 2 * 36 * 8 * 128 * 2),
+    "qwen3-1.7b": ModelCost(1.72e9, 58469 / 15.3, 32.9 - 16 * 1.72e9 / GIB, 2.591, 0.00334, 3.727e-5),
+    "qwen3-4b": ModelCost(4.02e9, 58469 / 20.2, 75.4 - 16 * 4.02e9 / GIB, 4.689, 0.00747, 4.791e-5),
 }
 MEAN_RESPONSE = {"gsm8k": 250, "math": 700}  # tokens: the DARTS simulator's GSM8K-like and MATH-like medians
 TRAIN_ROWS = {"gsm8k": 7473, "math": 7500}  # the prepared training sets (recipe.darl.data.prepare)
-BUFFER_BYTES_PER_TOKEN = 19.04
+BUFFER_BYTES_PER_TOKEN = 19.04  # token ids, masks and log-probs with 2.5 recorded versions (`make bench`)
 _LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d[ T]|darl\] |D-ARL\] |validate_config\] )")
 
 

@@ -3,16 +3,15 @@
     python -m recipe.darl.eval --model CKPT --benchmarks gsm8k,math500,aime24,humaneval \\
         --data-dir ~/data --k 8 --temperature 0.6 --top-p 0.95 --out results/my_run
 
-CKPT is a Hugging Face folder or a verl checkpoint (the experiment, a `global_step_N` or its `actor` folder); a
-verl FSDP checkpoint is first merged with `verl.model_merger` into `<actor>/huggingface_merged` (or `--merged-dir`).
-Generation uses vLLM when it and CUDA are available, else transformers `generate`; scores come from the training
-reward, `recipe.darl.rewards.compute_score`. Per benchmark: pass@1 (greedy), avg@k (mean correctness of k samples)
-and pass@k (at least one of k correct). Writes results.{md,csv,json} and generations.jsonl to `--out`.
+CKPT is a Hugging Face folder or a verl checkpoint, merged first (`resolve_model`). Per benchmark, scored with the
+training reward: pass@1 (greedy), avg@k (mean correctness of k samples) and pass@k (at least one of k correct).
+Backends, checkpoints and outputs: docs/running.md, "Evaluation".
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as dt
 import json
@@ -28,15 +27,9 @@ from typing import Optional, Sequence
 
 from .example.build import sha256
 
-# benchmark name -> (path under --data-dir, shown name)
-BENCHMARKS = {
-    "gsm8k": ("gsm8k/test.parquet", "GSM8K"),
-    "math": ("math/test.parquet", "MATH (LightEval)"),
-    "math500": ("math500/test.parquet", "MATH-500"),
-    "aime24": ("aime24/test.parquet", "AIME24"),
-    "livecodebench": ("livecodebench/test.parquet", "LiveCodeBench"),
-    "humaneval": ("humaneval/test.parquet", "HumanEval"),
-}
+# benchmark name (data: <--data-dir>/<name>/test.parquet) -> shown name
+BENCHMARKS = {"gsm8k": "GSM8K", "math": "MATH (LightEval)", "math500": "MATH-500", "aime24": "AIME24",
+              "livecodebench": "LiveCodeBench", "humaneval": "HumanEval"}
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
@@ -90,8 +83,8 @@ class TransformersBackend:
 
         self.torch = torch
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        torch_dtype = {"auto": torch.bfloat16 if self.device == "cuda" else torch.float32,
-                       "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        auto = torch.bfloat16 if self.device == "cuda" else torch.float32
+        torch_dtype = auto if dtype == "auto" else getattr(torch, dtype)  # float32 | bfloat16 | float16
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(self.device).eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -174,18 +167,13 @@ def score_all(problems: list[dict], responses: list[list[str]], workers: int) ->
     """Scores every response with the training reward, in threads (code tests run in child processes)."""
     from .rewards import compute_score
 
-    jobs = [(i, j, r) for i, rs in enumerate(responses) for j, r in enumerate(rs)]
-    scores = [[0.0] * len(rs) for rs in responses]
-
-    def one(job):
-        i, j, text = job
-        p = problems[i]
-        return i, j, float(compute_score(p["data_source"], text, p["reward_model"]["ground_truth"], dict(p.get("extra_info") or {})))
+    def one(p: dict, text: str) -> float:
+        extra_info = dict(p.get("extra_info") or {})
+        return float(compute_score(p["data_source"], text, p["reward_model"]["ground_truth"], extra_info))
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for i, j, s in pool.map(one, jobs):
-            scores[i][j] = s
-    return scores
+        futures = [[pool.submit(one, p, text) for text in texts] for p, texts in zip(problems, responses)]
+    return [[f.result() for f in fs] for fs in futures]
 
 
 def summarize(greedy: Optional[list[list[float]]], sampled: list[list[float]], k: int) -> dict:
@@ -230,7 +218,9 @@ def evaluate(model: str, benchmarks: Sequence[str], data_files: dict[str, str], 
             record["benchmarks"][name] = {"data_file": str(Path(data_files[name]).resolve()), "sha256": sha256(data_files[name]),
                                           "scores": scores, "seconds": round(time.time() - t0, 2)}
             print(f"{name}: {scores}", flush=True)
-    record["mean"] = _mean_scores(record["benchmarks"], k)
+    per_benchmark = [b["scores"] for b in record["benchmarks"].values()]
+    values = {key: [s[key] for s in per_benchmark if s[key] is not None] for key in ("pass@1", f"avg@{k}", f"pass@{k}")}
+    record["mean"] = {key: sum(v) / len(v) if v else None for key, v in values.items()}
     (out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     _write_tables(out_dir, record, k)
     return record
@@ -243,15 +233,6 @@ def _dump(f, name, mode, problems, texts, scores):
                                 "index": (p.get("extra_info") or {}).get("index", i), "score": s, "response": r}) + "\n")
 
 
-def _mean_scores(benchmarks: dict, k: int) -> dict:
-    keys = ["pass@1", f"avg@{k}", f"pass@{k}"]
-    mean = {}
-    for key in keys:
-        values = [b["scores"][key] for b in benchmarks.values() if b["scores"].get(key) is not None]
-        mean[key] = sum(values) / len(values) if values else None
-    return mean
-
-
 def _fmt(v) -> str:
     return "" if v is None else f"{100 * v:.1f}"
 
@@ -259,23 +240,23 @@ def _fmt(v) -> str:
 def _write_tables(out_dir: Path, record: dict, k: int) -> None:
     keys = ["pass@1", f"avg@{k}", f"pass@{k}"]
     header = ["benchmark", "n"] + keys
-    rows = [[BENCHMARKS.get(name, (None, name))[1], str(b["scores"]["n"])] + [_fmt(b["scores"][key]) for key in keys]
+    # (name, n, scores, the csv's data_file and sha256) per benchmark, then the mean
+    rows = [(name, b["scores"]["n"], b["scores"], [b["data_file"], b["sha256"]])
             for name, b in record["benchmarks"].items()]
-    rows.append(["mean", ""] + [_fmt(record["mean"][key]) for key in keys])
+    rows.append(("mean", "", record["mean"], ["", ""]))
     s = record["sampling"]
     lines = [f"# Evaluation of `{record['model']['path']}`", "",
              f"backend {record['backend']}; pass@1 greedy; avg@{k} and pass@{k} from {k} samples at temperature "
              f"{s['temperature']}, top-p {s['top_p']}; at most {s['max_new_tokens']} new tokens; scores in %.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["| " + " | ".join([BENCHMARKS.get(name, name), str(n)] + [_fmt(v[key]) for key in keys]) + " |"
+              for name, n, v, _ in rows]
     (out_dir / "results.md").write_text("\n".join(lines) + "\n")
     with open(out_dir / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["benchmark", "n"] + keys + ["data_file", "sha256"])
-        for name, b in record["benchmarks"].items():
-            writer.writerow([name, b["scores"]["n"]] + ["" if b["scores"][key] is None else f"{b['scores'][key]:.6f}" for key in keys]
-                            + [b["data_file"], b["sha256"]])
-        writer.writerow(["mean", ""] + ["" if record["mean"][key] is None else f"{record['mean'][key]:.6f}" for key in keys] + ["", ""])
+        writer.writerow(header + ["data_file", "sha256"])
+        writer.writerows([name, n] + ["" if v[key] is None else f"{v[key]:.6f}" for key in keys] + files
+                         for name, n, v, files in rows)
 
 
 def _versions() -> dict:
@@ -283,10 +264,8 @@ def _versions() -> dict:
 
     versions = {"python": platform.python_version()}
     for pkg in ("torch", "transformers", "vllm", "verl", "math-verify", "darl"):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
     return versions
 
 
@@ -321,7 +300,7 @@ def parse_args(argv=None):
 
 
 def data_files_for(benchmarks: Sequence[str], data_dir: str, overrides: Sequence[str]) -> dict[str, str]:
-    files = {name: os.path.join(os.path.expanduser(data_dir), BENCHMARKS[name][0]) for name in benchmarks}
+    files = {name: os.path.join(os.path.expanduser(data_dir), name, "test.parquet") for name in benchmarks}
     for item in overrides:
         name, _, path = item.partition("=")
         if name not in BENCHMARKS or not path:

@@ -44,7 +44,8 @@ def prepare_config(config: DictConfig, v1: bool = False) -> DictConfig:
         config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node
     if not trainer_mode(config).fully_async:  # the fully-async trainer's train_batch_size of 0 fails verl's batch checks
         # its report and notes ("Disabled critic ...") to stderr, or silenced: they would break a dry run's config
-        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings(action="ignore", category=UserWarning):
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
             validate_config(config=config, use_reference_policy=need_reference_policy(config),
                             use_critic=need_critic(config))
     return config

@@ -28,10 +28,7 @@ def read_log(path: Path) -> dict[str, list[tuple[int, float]]]:
     series: dict[str, list[tuple[int, float]]] = {}
     path = Path(path)
     text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
+    for record in (json.loads(line) for line in text.splitlines() if line.strip()):
         for key, value in record["data"].items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 series.setdefault(key, []).append((int(record["step"]), float(value)))
@@ -48,12 +45,10 @@ def plot(series: dict[str, list[tuple[int, float]]], out: Path, title: str = "")
     for ax, (name, keys) in zip(axes.flat, PANELS):
         if isinstance(keys, str):  # a prefix: every validation accuracy verl logged
             keys = sorted(k for k in series if k.startswith(keys) and k.endswith("mean@1"))
-        drawn = 0
-        for key in keys:
-            if key in series:
-                steps, values = zip(*series[key])
-                ax.plot(steps, values, marker="o" if len(steps) < 12 else None, label=key.split("/", 1)[-1])
-                drawn += 1
+        drawn = [key for key in keys if key in series]
+        for key in drawn:
+            steps, values = zip(*series[key])
+            ax.plot(steps, values, marker="o" if len(steps) < 12 else None, label=key.split("/", 1)[-1])
         ax.set_title(name)
         ax.set_xlabel("step")
         if drawn:

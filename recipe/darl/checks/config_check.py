@@ -26,9 +26,8 @@ class ConfigError(ValueError):
 def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     """Every problem of a composed config (after `fixups.apply_fixups`), each naming its key; v1: the config of
     verl's V1 trainer (recipe.darl.main_v1)."""
-    problems: list[str] = []
     replay_values: dict[str, Any] = OmegaConf.to_container(cfg.get("replay", {}) or {}, resolve=True)
-    problems += ReplayConfig.problems_of(replay_values)
+    problems = ReplayConfig.problems_of(replay_values)
     enabled = bool(replay_values.get("enable", False))
     arr = cfg.actor_rollout_ref
     corr = cfg.algorithm.rollout_correction
@@ -51,23 +50,17 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
         problems.append(f"{users[0]} needs actor_rollout_ref.rollout.calculate_log_probs=true")
     if enabled and not is_number(threshold):
         problems.append(f"replay needs a float algorithm.rollout_correction.rollout_is_threshold (C), got {threshold!r}")
-    if not enabled:
-        value = replay_values.get("prompt_replay")
-        if value is not None and value is not False:
-            problems.append(f"replay.prompt_replay={value!r} needs replay.enable=true (the store lives in the replay "
-                            "buffer); with replay.enable=false it would be ignored")
+    if not enabled and (value := replay_values.get("prompt_replay")) is not None and value is not False:
+        problems.append(f"replay.prompt_replay={value!r} needs replay.enable=true (the store lives in the replay "
+                        "buffer); with replay.enable=false it would be ignored")
     if not enabled and bypass and (corr.get("rollout_is") is not None or corr.get("rollout_rs") is not None or corr.get("loss_type", "ppo_clip") != "ppo_clip"):
         problems.append("algorithm.rollout_correction.bypass_mode=true with rollout_is/rollout_rs/loss_type set: verl 0.9.1 "
                         "binds the worker's loss at init and would silently ignore them; use bypass_mode=false (decoupled)")
 
     if mode.fully_async:
         problems += fully_async_findings(cfg)[0]
-    problems += _batch_problems(cfg, mode, replay_values if enabled else None)
-    problems += _launch_problems(cfg, mode)
-    problems += _path_problems(cfg)
-    problems += _fault_problems(cfg)
-    problems += _darts_problems(cfg, mode)
-    return problems
+    return (problems + _batch_problems(cfg, mode, replay_values if enabled else None) + _launch_problems(cfg, mode)
+            + _path_problems(cfg) + _fault_problems(cfg) + _darts_problems(cfg, mode))
 
 
 SHAPING_MANAGER = "recipe.darl.workers.darts_rollout.DartsAgentLoopManager"
@@ -77,12 +70,11 @@ NO_REQUEST_ABORT = ("sglang", "trtllm")  # verl 0.9.1's servers without a per-re
 def _darts_problems(cfg: DictConfig, mode: TrainerMode) -> list[str]:
     """`rollout_shaping.*` (DARTS); when on, the one-step-off trainer's rollout manager must be DARTS' (set by
     `fixups.install_darts_manager`; the fully-async trainer installs it in its rollouter, trainers/darl_run.py)."""
+    rollout = cfg.actor_rollout_ref.rollout
     values: dict[str, Any] = OmegaConf.to_container(cfg.get("rollout_shaping", {}) or {}, resolve=True)
-    n = int(cfg.actor_rollout_ref.rollout.n)
-    problems = DartsConfig.problems_of(values, n)
+    problems = DartsConfig.problems_of(values, int(rollout.n))
     if problems or not values.get("enable", False):
         return problems
-    rollout = cfg.actor_rollout_ref.rollout
     if rollout.get("name") in NO_REQUEST_ABORT:
         problems.append(f"rollout_shaping.enable=true with actor_rollout_ref.rollout.name={rollout.name}: DARTS cuts a "
                         f"group's tail by aborting single requests, and verl 0.9.1's {rollout.name} server has no "
@@ -150,8 +142,7 @@ def fully_async_findings(cfg: DictConfig) -> tuple[list[str], list[str]]:
         warnings.append(f"replay.k={k} keeps fewer versions than the fresh samples can span: with "
                         f"async_training.staleness_threshold={threshold:g} a sample can be {reach} versions old, so the "
                         f"window needs k >= {reach + 1} to hold a fresh sample's version and replay anything older")
-    total = cfg.rollout.get("total_rollout_steps")
-    budget = step_budget(cfg)
+    total, budget = cfg.rollout.get("total_rollout_steps"), step_budget(cfg)
     if total is not None and budget > 0:
         steps = int(total) // (budget * trigger)  # verl's total_train_steps, counted in syncs
         warmup = int(replay.get("warmup", 5))
@@ -170,12 +161,9 @@ def resolved_replay_key(replay_values: dict, key: str) -> Any:
 
 
 def _batch_problems(cfg: DictConfig, mode: TrainerMode, replay_values: dict | None) -> list[str]:
-    problems = []
-    arr = cfg.actor_rollout_ref
-    n = int(arr.rollout.n)
-    budget = mode.step_budget(cfg)
-    mini = int(arr.actor.ppo_mini_batch_size)
-    dp = mode.dp_size(cfg)
+    problems, arr = [], cfg.actor_rollout_ref
+    n, budget = int(arr.rollout.n), mode.step_budget(cfg)
+    mini, dp = int(arr.actor.ppo_mini_batch_size), mode.dp_size(cfg)
     if mini < 1 or budget < 1 or n < 1:
         return [f"data.train_batch_size ({budget}), actor_rollout_ref.actor.ppo_mini_batch_size ({mini}) and "
                 f"actor_rollout_ref.rollout.n ({n}) must be >= 1"]
@@ -234,7 +222,8 @@ def _launch_problems(cfg: DictConfig, mode: TrainerMode) -> list[str]:
     elif v1 and (int(trainer.n_gpus_per_node) * int(trainer.nnodes)) % width:
         problems.append(f"colocate_async: the trainer's {trainer.n_gpus_per_node} x {trainer.nnodes} GPUs do not divide "
                         f"into rollout replicas of tensor x data x pipeline parallel size {width}")
-    with warnings.catch_warnings(action="ignore", category=UserWarning):  # need_critic's "Disabled critic ..." note
+    with warnings.catch_warnings():  # need_critic's "Disabled critic ..." note (action=: Python 3.11 only)
+        warnings.simplefilter("ignore", UserWarning)
         uses_critic = need_critic(cfg)
     if not v1 and uses_critic and cfg.critic.get("strategy") != "fsdp":  # verl's separated trainers build no other
         problems.append(f"critic.strategy={cfg.critic.get('strategy')!r}: verl 0.9.1's one-step-off and fully-async "
@@ -261,7 +250,6 @@ def _path_problems(cfg: DictConfig) -> list[str]:
         files = cfg.data.get(key)
         if files is None:
             problems.append(f"data.{key} is not set")
-            continue
         for f in as_list(files):
             if "://" not in f and not os.path.exists(os.path.expanduser(f)):
                 problems.append(f"data.{key}: {f} does not exist")

@@ -36,24 +36,16 @@ def _messages(value) -> list:
 
 
 def _empty_prompt(value) -> bool:
-    messages = _messages(value)
-    if not messages:
-        return True
-    contents = [m.get("content") if isinstance(m, dict) else m for m in messages]
+    contents = [m.get("content") if isinstance(m, dict) else m for m in _messages(value)]
     return all(c is None or (isinstance(c, str) and not c.strip()) for c in contents)
 
 
 def _ground_truth_problem(value) -> Optional[str]:
-    if value is None:
-        return "is missing or empty"
     try:
-        info = dict(value)
+        truth = None if value is None else dict(value).get("ground_truth")  # parquet: null where a row lacks it
     except (TypeError, ValueError):
         return f"is unreadable (reward_model is {type(value).__name__})"
-    truth = info.get("ground_truth")  # parquet stores a field some rows lack as null in those rows
-    if truth is None or (isinstance(truth, str) and not truth.strip()):
-        return "is missing or empty"
-    return None
+    return "is missing or empty" if truth is None or (isinstance(truth, str) and not truth.strip()) else None
 
 
 def _rows(rows: list[int], total: int) -> str:
@@ -64,13 +56,12 @@ def _rows(rows: list[int], total: int) -> str:
 
 def load_tokenizer(cfg: DictConfig):
     """The actor's tokenizer when the model path is a local folder (None otherwise: the length check is skipped)."""
-    path = cfg.actor_rollout_ref.model.get("path")
-    if not path or not os.path.isdir(os.path.expanduser(str(path))):
+    path = os.path.expanduser(str(cfg.actor_rollout_ref.model.get("path") or ""))
+    if not os.path.isdir(path):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(os.path.expanduser(str(path)),
-                                         trust_remote_code=bool(cfg.data.get("trust_remote_code", False)))
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=bool(cfg.data.get("trust_remote_code", False)))
 
 
 def prompt_lengths(tokenizer, conversations: list[list[dict]], template_kwargs: dict, chunk: int = 1024) -> list[int]:
@@ -87,65 +78,56 @@ def prompt_lengths(tokenizer, conversations: list[list[dict]], template_kwargs: 
 
 def data_problems(cfg: DictConfig, tokenizer_loader: Callable[[DictConfig], Any] = load_tokenizer) -> tuple[list[str], list[str]]:
     """(problems, lines to print) of `data.train_files` and `data.val_files`."""
-    faults = cfg.get("faults") or {}
-    if not faults.get("check_data", True):
+    if not (cfg.get("faults") or {}).get("check_data", True):
         return [], []
+    import pandas as pd
+
     data = cfg.data
     prompt_key = data.get("prompt_key", "prompt") or "prompt"
     max_len = int(data.get("max_prompt_length") or 0)
     check_length = max_len > 0 and not data.get("filter_overlong_prompts", True)
-    template_kwargs = data.get("apply_chat_template_kwargs") or {}
-    if OmegaConf.is_config(template_kwargs):
-        template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) or {}
+    template_kwargs = data.get("apply_chat_template_kwargs")
+    template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) if template_kwargs else {}
     tokenizer, lines, problems = None, [], []
     for key in ("train_files", "val_files"):
-        for path in map(local_parquet, as_list(data.get(key))):
-            if path is None:
-                continue
+        for path in filter(None, map(local_parquet, as_list(data.get(key)))):
+            where = f"data.{key}: {path}"
             try:
-                import pandas as pd
-
                 frame = pd.read_parquet(path)
             except Exception as e:  # noqa: BLE001 - verl reports it when it reads the file
-                lines.append(f"[D-ARL] data.{key}: {path} not checked: it cannot be read as parquet ({type(e).__name__})")
+                lines.append(f"[D-ARL] {where} not checked: it cannot be read as parquet ({type(e).__name__})")
                 continue
             total = len(frame)
-            if prompt_key not in frame.columns:
-                problems.append(f"data.{key}: {path} has no column {prompt_key!r} (data.prompt_key)")
-            else:
-                empty = [i for i, v in enumerate(frame[prompt_key]) if _empty_prompt(v)]
-                if empty:
-                    problems.append(f"data.{key}: {path}: field {prompt_key!r} is empty in {_rows(empty, total)}")
+            prompts = frame[prompt_key] if prompt_key in frame.columns else None
+            if prompts is None:
+                problems.append(f"{where} has no column {prompt_key!r} (data.prompt_key)")
+            elif empty := [i for i, v in enumerate(prompts) if _empty_prompt(v)]:
+                problems.append(f"{where}: field {prompt_key!r} is empty in {_rows(empty, total)}")
             if "reward_model" not in frame.columns:
-                problems.append(f"data.{key}: {path} has no column 'reward_model': verl's reward manager reads "
+                problems.append(f"{where} has no column 'reward_model': verl's reward manager reads "
                                 "reward_model.ground_truth for every sample")
             else:
                 bad: dict[str, list[int]] = {}
                 for i, v in enumerate(frame["reward_model"]):
-                    what = _ground_truth_problem(v)
-                    if what:
+                    if what := _ground_truth_problem(v):
                         bad.setdefault(what, []).append(i)
-                for what, rows in bad.items():
-                    problems.append(f"data.{key}: {path}: field 'reward_model.ground_truth' {what} in {_rows(rows, total)}")
-            if check_length and prompt_key in frame.columns:
-                if tokenizer is None:
-                    try:
-                        tokenizer = tokenizer_loader(cfg)
-                    except Exception as e:  # noqa: BLE001
-                        lines.append(f"[D-ARL] prompt lengths not checked: the tokenizer did not load ({e})")
-                        check_length = False
-                        continue
+                problems += [f"{where}: field 'reward_model.ground_truth' {what} in {_rows(rows, total)}"
+                             for what, rows in bad.items()]
+            if check_length and prompts is not None and tokenizer is None:
+                try:
+                    tokenizer = tokenizer_loader(cfg)
                     if tokenizer is None:
                         lines.append("[D-ARL] prompt lengths not checked before Ray: the model path is not a local folder")
-                        check_length = False
-                        continue
-                rows = [i for i, v in enumerate(frame[prompt_key]) if not _empty_prompt(v)]
-                lengths = prompt_lengths(tokenizer, [_messages(frame[prompt_key].iloc[i]) for i in rows], template_kwargs)
+                except Exception as e:  # noqa: BLE001
+                    lines.append(f"[D-ARL] prompt lengths not checked: the tokenizer did not load ({e})")
+                check_length = tokenizer is not None
+            if check_length and prompts is not None:
+                rows = [i for i, v in enumerate(prompts) if not _empty_prompt(v)]
+                lengths = prompt_lengths(tokenizer, [_messages(prompts.iloc[i]) for i in rows], template_kwargs)
                 long_rows = [i for i, n in zip(rows, lengths) if n > max_len]
-                longest = max(lengths, default=0)
                 if long_rows:
                     problems.append(
-                        f"data.{key}: {path}: field {prompt_key!r} is longer than data.max_prompt_length={max_len} "
-                        f"tokens (up to {longest}) in {_rows(long_rows, total)}; verl would cut the prompts' beginning. "
-                        "Set data.filter_overlong_prompts=true to drop them, or raise data.max_prompt_length")
+                        f"{where}: field {prompt_key!r} is longer than data.max_prompt_length={max_len} tokens (up to "
+                        f"{max(lengths)}) in {_rows(long_rows, total)}; verl would cut the prompts' beginning. Set "
+                        "data.filter_overlong_prompts=true to drop them, or raise data.max_prompt_length")
     return problems, lines

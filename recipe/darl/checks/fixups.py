@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 from omegaconf import DictConfig, open_dict
@@ -29,11 +30,9 @@ FALLBACK_ATTN = "sdpa"
 
 def apply_compat_aliases(cfg: DictConfig) -> list[str]:
     """Moves `algorithm.rollout_is(_threshold)` onto `algorithm.rollout_correction`; returns the contradictions."""
-    problems = []
-    algo = cfg.algorithm
+    problems, algo = [], cfg.algorithm
     corr = algo.rollout_correction
-    alias_is = algo.get("rollout_is", None)
-    alias_thr = algo.get("rollout_is_threshold", None)
+    alias_is, alias_thr = algo.get("rollout_is"), algo.get("rollout_is_threshold")
     if alias_is is not None:
         if not isinstance(alias_is, bool):
             problems.append(f"algorithm.rollout_is must be a bool (an alias from the original D-ARL repository), got {alias_is!r}")
@@ -80,7 +79,7 @@ def install_darts_manager(cfg: DictConfig) -> str | None:
 def flash_attn_importable() -> bool:
     """True when `import flash_attn` works (a wheel built against another torch fails here too)."""
     try:
-        import flash_attn  # noqa: F401
+        importlib.import_module("flash_attn")
     except Exception:  # ImportError, or an undefined symbol of a build against another torch (OSError)
         return False
     return True
@@ -90,8 +89,7 @@ def select_attention(cfg: DictConfig, importable: Callable[[], bool] = flash_att
     """Sets `sdpa` when flash-attn is missing and the user did not choose; returns the line to print, or None.
     A user's own choice is kept (with a warning for flash_attention_2 when flash_attn cannot be imported)."""
     model = cfg.actor_rollout_ref.model
-    override = model.get("override_config")
-    chosen = override.get("attn_implementation") if override is not None else None
+    chosen = (model.get("override_config") or {}).get("attn_implementation")
     if chosen is not None:
         if chosen == "flash_attention_2" and not importable():
             return (f"[D-ARL] warning: {ATTN_KEY}=flash_attention_2 was set, but flash_attn cannot be imported: "

@@ -27,13 +27,11 @@ WANDB_KEYLESS_MODES = {"offline", "disabled", "dryrun"}
 def wandb_credentials_found(env: Mapping[str, str] | None = None, home: str | None = None) -> bool:
     """True when wandb.init can log in: WANDB_API_KEY, a keyless WANDB_MODE, or a netrc entry for its host."""
     env = os.environ if env is None else env
-    if env.get("WANDB_API_KEY", "").strip():
-        return True
-    if env.get("WANDB_MODE", "").strip().lower() in WANDB_KEYLESS_MODES:
+    if env.get("WANDB_API_KEY", "").strip() or env.get("WANDB_MODE", "").strip().lower() in WANDB_KEYLESS_MODES:
         return True
     host = urlparse(env.get("WANDB_BASE_URL") or WANDB_DEFAULT_HOST).hostname or "api.wandb.ai"
-    home = home if home is not None else os.path.expanduser("~")
-    path = env.get("NETRC") or os.path.join(home, ".netrc")  # where `wandb login` writes the key
+    # where `wandb login` writes the key
+    path = env.get("NETRC") or os.path.join(os.path.expanduser("~") if home is None else home, ".netrc")
     try:
         entry = netrc.netrc(path).authenticators(host)
     except (netrc.NetrcParseError, OSError):  # OSError: no such file, among others
@@ -58,15 +56,11 @@ def logger_problems(cfg: DictConfig, env: Mapping[str, str] | None = None, home:
 
 def parquet_rows(paths: list[str]) -> int | None:
     """Rows of local parquet files from their metadata (None when one is not a readable local parquet file)."""
-    total = 0
-    for path in map(local_parquet, paths):
-        if path is None:
-            return None
-        try:
-            total += pq.ParquetFile(path).metadata.num_rows
-        except Exception:  # noqa: BLE001 - the data check names an unreadable file
-            return None
-    return total
+    local = [local_parquet(path) for path in paths]
+    try:
+        return None if None in local else sum(pq.ParquetFile(path).metadata.num_rows for path in local)
+    except Exception:  # noqa: BLE001 - the data check names an unreadable file
+        return None
 
 
 def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None] = parquet_rows) -> str | None:
@@ -103,8 +97,6 @@ def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None
 def preflight(cfg: DictConfig, env: Mapping[str, str] | None = None,
               home: str | None = None) -> tuple[list[str], list[str]]:
     """(problems, lines to print): the logger check, the data check (checks/data_check.py: rows without ground
-    truth, empty or overlong prompts) and the per-prompt store's bound. (The attention fallback, `fixups.select_attention`,
-    is a fix-up: checks/fixups.py applies it.)"""
-    lines = [prompt_store_line(cfg)]
-    data, data_lines = data_problems(cfg)
-    return logger_problems(cfg, env, home) + data, [line for line in lines if line] + data_lines
+    truth, empty or overlong prompts) and the per-prompt store's bound (the attention fallback is a fix-up)."""
+    store, (data, data_lines) = prompt_store_line(cfg), data_problems(cfg)
+    return logger_problems(cfg, env, home) + data, ([store] if store else []) + data_lines

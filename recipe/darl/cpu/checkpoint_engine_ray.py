@@ -2,10 +2,9 @@
 
 For machines without NCCL (CPU): ``checkpoint_engine.backend=ray_object_store`` with
 ``checkpoint_engine.custom_backend_module=recipe.darl.cpu.rollout``, whose import registers this backend. Trainer
-rank 0 packs the weight stream into buckets of ``update_weights_bucket_megabytes``, `ray.put`s each and posts its ref
-to a channel actor; rollout workers fetch the buckets in order (zero-copy on the same node) and yield views into
-them. Other trainer ranks only walk the stream (producing a full tensor is collective). Engine kwargs:
-``max_inflight_buckets`` (2) ahead of the slowest receiver, ``timeout_s`` (600) for every wait.
+rank 0 packs the weight stream into buckets, `ray.put`s each and posts its ref to a channel actor; rollout workers
+fetch the buckets in order (zero-copy on the same node) and yield views into them. Other trainer ranks only walk the
+stream (producing a full tensor is collective).
 """
 
 from __future__ import annotations
@@ -34,45 +33,41 @@ def bucket_channel_class():
     """The channel actor's class, built here so Ray ships it by value: the actor's process then needs
     only asyncio, not this module (whose import pulls in verl, seconds of start-up on a small CPU box)."""
     import asyncio
+    from collections import defaultdict
 
     class BucketChannel:
         """Ray actor (async, no resources): the ordered bucket posts of each sync. A post holds its object ref
         inside a list, so Ray passes the reference, not the bytes."""
 
         def __init__(self):
-            self._syncs: dict[str, dict[str, Any]] = {}
+            self._syncs: dict[str, dict[str, Any]] = defaultdict(lambda: {"posts": [], "acks": {}})
             self._changed = asyncio.Condition()
-
-        def _sync(self, sync_id: str) -> dict[str, Any]:
-            return self._syncs.setdefault(sync_id, {"posts": [], "acks": {}})
 
         async def put(self, sync_id: str, post: tuple) -> int:
             async with self._changed:
-                posts = self._sync(sync_id)["posts"]
+                posts = self._syncs[sync_id]["posts"]
                 posts.append(post)
                 self._changed.notify_all()
                 return len(posts) - 1
 
         async def get(self, sync_id: str, index: int, timeout_s: Optional[float] = None) -> tuple:
             async with self._changed:
-                await asyncio.wait_for(self._changed.wait_for(lambda: len(self._sync(sync_id)["posts"]) > index),
+                await asyncio.wait_for(self._changed.wait_for(lambda: len(self._syncs[sync_id]["posts"]) > index),
                                        timeout=timeout_s)
                 return self._syncs[sync_id]["posts"][index]
 
         async def ack(self, sync_id: str, receiver: int, index: int) -> None:
             async with self._changed:
-                acks = self._sync(sync_id)["acks"]
+                acks = self._syncs[sync_id]["acks"]
                 acks[receiver] = max(acks.get(receiver, -1), index)
                 self._changed.notify_all()
 
         async def wait_acked(self, sync_id: str, index: int, receivers: list[int], timeout_s: Optional[float] = None):
             """Until every receiver acknowledged post `index`; then drops the refs of posts <= index."""
             async with self._changed:
-                def done():
-                    acks = self._sync(sync_id)["acks"]
-                    return all(acks.get(r, -1) >= index for r in receivers)
-
-                await asyncio.wait_for(self._changed.wait_for(done), timeout=timeout_s)
+                acks = self._syncs[sync_id]["acks"]
+                await asyncio.wait_for(self._changed.wait_for(lambda: all(acks.get(r, -1) >= index for r in receivers)),
+                                       timeout=timeout_s)
                 posts = self._syncs[sync_id]["posts"]
                 for i in range(index + 1):
                     posts[i] = (posts[i][0], None, posts[i][2])
@@ -88,8 +83,8 @@ def bucket_channel_class():
 class RayObjectStoreCheckpointEngine(CheckpointEngine):
     """verl checkpoint engine moving full tensors through Ray's object store (no NCCL, works on CPU).
 
-    Args:
-        bucket_size: bytes per bucket (verl passes ``update_weights_bucket_megabytes << 20``).
+    Args (verl passes the first two; the others are engine kwargs):
+        bucket_size: bytes per bucket (``update_weights_bucket_megabytes << 20``).
         is_master: True on trainer rank 0, the only sender (verl sets it for the trainer workers).
         max_inflight_buckets: buckets the master may post ahead of the slowest receiver's acknowledgement.
         timeout_s: how long a receiver waits for a post, and the master for acknowledgements.
@@ -141,7 +136,7 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
 
     def finalize(self):
         """Drop this sync's posts (the master) and forget the sync; the channel stays for the next one."""
-        if self.rank == 0 and self.channel is not None and self.sync_id is not None:
+        if self.rank == 0:  # init_process_group gave it the master's channel and sync
             self.channel.clear.remote(self.sync_id)  # fire and forget: every receiver is done by now
         self.sync_id = None
         self.rank = None
@@ -158,38 +153,32 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
         receivers = list(range(1, self.world_size))
         metas, parts, size = [], [], 0
         index, total_bytes, total_tensors = -1, 0, 0
-        inflight: list[ray.ObjectRef] = []
 
         async def post(is_last: bool):
             nonlocal index, metas, parts, size, total_bytes
             ref = ray.put(torch.cat(parts or [torch.empty(0, dtype=torch.uint8)]).numpy())
             index = await self.channel.put.remote(self.sync_id, (metas, [ref], is_last))
-            inflight.append(ref)
             total_bytes += size
             metas, parts, size = [], [], 0
-            if len(inflight) > self.max_inflight_buckets and receivers:
+            if index >= self.max_inflight_buckets and receivers:  # the channel's ref keeps each bucket alive till then
                 await self.channel.wait_acked.remote(self.sync_id, index - self.max_inflight_buckets, receivers,
                                                      self.timeout_s)
-                del inflight[: len(inflight) - self.max_inflight_buckets]
 
         async for name, tensor in ensure_async_iterator(weights):
             tensor = tensor.detach().cpu()
-            nbytes = tensor.numel() * tensor.element_size()
+            nbytes = tensor.nbytes
             if parts and size + nbytes > self.bucket_size:
                 await post(is_last=False)
-            if size % ALIGN:  # keep every tensor aligned, so the receiver can view the bytes as its dtype
-                pad = ALIGN - size % ALIGN
-                parts.append(torch.zeros(pad, dtype=torch.uint8))
-                size += pad
-            raw = tensor.contiguous().reshape(-1).view(torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+            pad = -size % ALIGN  # keep every tensor aligned, so the receiver can view the bytes as its dtype
+            parts.append(torch.zeros(pad, dtype=torch.uint8))
+            size += pad
             metas.append((name, tuple(tensor.shape), tensor.dtype, size, nbytes))
-            parts.append(raw)
+            parts.append(tensor.contiguous().reshape(-1).view(torch.uint8))
             size += nbytes
             total_tensors += 1
         await post(is_last=True)
         if receivers:  # keep the buckets alive until every receiver has them
             await self.channel.wait_acked.remote(self.sync_id, index, receivers, self.timeout_s)
-        inflight.clear()
         seconds = time.time() - start
         logger.info("ray_object_store: sent %d tensors (%.1f MB) in %d buckets, %.2fs, version %s", total_tensors,
                     total_bytes / 2**20, index + 1, seconds, global_steps)

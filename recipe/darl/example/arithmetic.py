@@ -48,23 +48,17 @@ def solution_text(a: int, b: int) -> str:
     return f"{a}+{b}={a + b} \\boxed{{{a + b}}}"
 
 
-def extract_answer(solution_str: str) -> Optional[str]:
-    """Content of the last \\boxed{} in the response, or None."""
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict] = None,
+                  **kwargs) -> float:
+    """verl custom reward: 1.0 when the last \\boxed{} holds the right integer, else 0.0."""
     from verl.utils.reward_score.math_reward import last_boxed_only_string, remove_boxed
 
     boxed = last_boxed_only_string(solution_str)
-    if boxed is None:
-        return None
     try:
-        return remove_boxed(boxed).strip()
+        answer = "" if boxed is None else remove_boxed(boxed).strip()
     except (AssertionError, IndexError):
-        return None
-
-
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict] = None, **kwargs) -> float:
-    """verl custom reward: 1.0 when the last \\boxed{} holds the right integer, else 0.0."""
-    answer = extract_answer(solution_str)
-    return 1.0 if answer is not None and answer.isdigit() and int(answer) == int(ground_truth) else 0.0
+        return 0.0
+    return 1.0 if answer.isdigit() and int(answer) == int(ground_truth) else 0.0
 
 
 def records(problems: list[tuple[int, int]], split: str) -> list[dict]:

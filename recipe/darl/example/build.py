@@ -102,17 +102,13 @@ def _copy_shipped(folder: Path, model_dir: Path) -> dict:
     return meta
 
 
-def _as_example(root: Path, accuracy: float) -> Example:
-    return Example(str(root), str(root / "model"), str(root / "train.parquet"), str(root / "val.parquet"), accuracy)
-
-
 def _ready(root: Path, settings: ExampleSettings) -> Optional[Example]:
-    meta_file = root / "example.json"
-    if meta_file.exists():
-        meta = json.loads(meta_file.read_text())
-        if meta.get("settings") == asdict(settings) and meta.get("layout") == LAYOUT:
-            return _as_example(root, meta["warm_start"]["accuracy"])
-    return None
+    """The example built in `root` for `settings` and this LAYOUT, or None."""
+    meta = json.loads((root / "example.json").read_text()) if (root / "example.json").exists() else {}
+    if meta.get("settings") != asdict(settings) or meta.get("layout") != LAYOUT:
+        return None
+    return Example(str(root), str(root / "model"), str(root / "train.parquet"), str(root / "val.parquet"),
+                   meta["warm_start"]["accuracy"])
 
 
 def build_example(cache: Path = DEFAULT_CACHE, settings: ExampleSettings = ExampleSettings(), log=print,
@@ -120,41 +116,35 @@ def build_example(cache: Path = DEFAULT_CACHE, settings: ExampleSettings = Examp
     """The example's directory, built on first use (from the shipped weights unless `regenerate`)."""
     cache = Path(cache)
     root = cache / (_name(settings) + ("-regenerated" if regenerate else ""))
-    ready = _ready(root, settings)
-    if ready is not None:
+    if (ready := _ready(root, settings)) is not None:
         return ready
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f".{root.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits here, then finds the first one's result
-        ready = _ready(root, settings)
-        if ready is not None:
-            return ready
-        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{root.name}.tmp-"))
-        try:
-            example = _build_into(tmp, settings, log, regenerate)
-            if root.exists():  # a stale build of other settings: move it aside, then replace it
-                stale = Path(tempfile.mkdtemp(dir=cache, prefix=f".{root.name}.old-"))
-                os.rename(root, stale / "old")
-                shutil.rmtree(stale)
-            os.rename(tmp, root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return _as_example(root, example.warm_start_accuracy)
+        if _ready(root, settings) is None:
+            tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{root.name}.tmp-"))
+            try:
+                _build_into(tmp, settings, log, regenerate)
+                if root.exists():  # a stale build of other settings: move it aside, then replace it
+                    stale = Path(tempfile.mkdtemp(dir=cache, prefix=f".{root.name}.old-"))
+                    os.rename(root, stale / "old")
+                    shutil.rmtree(stale)
+                os.rename(tmp, root)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        return _ready(root, settings)
 
 
-def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) -> Example:
+def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) -> None:
     # here, not at the top: a launch script's `--paths-only` of a built example needs no torch (seconds at start-up)
     from .tiny_model import build_tiny_model
     from .warm_start import warm_start
 
     splits = problem_splits(settings)
-    sft, val = splits["sft"], splits["val"]
-    write_parquet(records(splits["train"], "train"), root / "train.parquet")
-    write_parquet(records(val, "test"), root / "val.parquet")
-    # the scarce regime (docs/evidence.md): a fixed pool of hard problems
-    write_parquet(records(splits["scarce_train"], "train"), root / "scarce_train.parquet")
-    write_parquet(records(splits["scarce_val"], "test"), root / "scarce_val.parquet")
+    # scarce_*: the scarce regime (docs/evidence.md), a fixed pool of hard problems
+    for name, split in (("train", "train"), ("val", "test"), ("scarce_train", "train"), ("scarce_val", "test")):
+        write_parquet(records(splits[name], split), root / f"{name}.parquet")
     # the long-tail example (longtail.py): the tiny model untrained, deterministic, built in a second
     build_tiny_model(root / "longtail_model", seed=settings.seed, hidden_size=settings.hidden_size,
                      num_layers=settings.num_layers)
@@ -170,14 +160,13 @@ def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) ->
         log(f"building the tiny model (hidden {settings.hidden_size}, {settings.num_layers} layers) in {root / 'model'}")
         build_tiny_model(root / "model", seed=settings.seed, hidden_size=settings.hidden_size,
                          num_layers=settings.num_layers)
-        warm = warm_start(str(root / "model"), sft, val[:128], target=settings.sft_target, seed=settings.seed,
-                          max_new_tokens=settings.max_response_tokens, log=log)
+        warm = warm_start(str(root / "model"), splits["sft"], splits["val"][:128], target=settings.sft_target,
+                          seed=settings.seed, max_new_tokens=settings.max_response_tokens, log=log)
         log(f"warm-start: greedy accuracy {warm.accuracy:.3f} after {warm.steps} steps ({warm.seconds:.0f} s)")
         result = asdict(warm)
         source = {"weights": "warm-started here"}
     (root / "example.json").write_text(json.dumps({"settings": asdict(settings), "layout": LAYOUT, "warm_start": result, **source},
                                                   indent=2))
-    return _as_example(root, result["accuracy"])
 
 
 def export_weights(example: Example, settings: ExampleSettings, out: Path = SHIPPED) -> Path:
@@ -211,12 +200,11 @@ def main() -> None:
     if args.export is not None:
         log(f"exported to {export_weights(example, settings, args.export)}")
     if args.paths_only:
-        if args.task == "scarce":
-            print(example.model, str(Path(example.root) / "scarce_train.parquet"), str(Path(example.root) / "scarce_val.parquet"))
-        elif args.task == "longtail":
-            print(str(Path(example.root) / "longtail_model"), example.train_files, example.val_files)
-        else:
-            print(example.model, example.train_files, example.val_files)
+        root = Path(example.root)
+        paths = {"arithmetic": (example.model, example.train_files, example.val_files),
+                 "scarce": (example.model, root / "scarce_train.parquet", root / "scarce_val.parquet"),
+                 "longtail": (root / "longtail_model", example.train_files, example.val_files)}
+        print(*paths[args.task])
     else:
         print(json.dumps(asdict(example), indent=2))
 

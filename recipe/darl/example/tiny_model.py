@@ -61,8 +61,7 @@ def build_tiny_model(path: Union[str, os.PathLike], seed: int = 0, hidden_size: 
     path.mkdir(parents=True, exist_ok=True)
 
     tokenizer = build_tokenizer()
-    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+    pad_id, eos_id = tokenizer.convert_tokens_to_ids([PAD_TOKEN, IM_END])
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
@@ -79,9 +78,8 @@ def build_tiny_model(path: Union[str, os.PathLike], seed: int = 0, hidden_size: 
 
     # AutoTokenizer must build the WordLevel tokenizer as is (see the module docstring)
     config_file = path / "tokenizer_config.json"
-    tokenizer_config = json.loads(config_file.read_text())
-    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tokenizer_config["chat_template"] = CHAT_TEMPLATE
+    tokenizer_config = {**json.loads(config_file.read_text()), "tokenizer_class": "PreTrainedTokenizerFast",
+                        "chat_template": CHAT_TEMPLATE}
     config_file.write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
     return str(path)
 

@@ -1,18 +1,10 @@
-"""Rule-based rewards for the six benchmarks, as a verl custom reward function.
+"""Rule-based rewards for the six benchmarks: verl's custom reward function (docs/running.md, "Rewards").
 
-verl 0.9.1 loads it from the config (the launch scripts in shells/ set both keys):
-
-    reward.custom_reward_function.path=pkg://recipe.darl.rewards
-    reward.custom_reward_function.name=compute_score
-
-and calls `compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=...)` from a
-worker thread of its reward loop; keyword arguments under `reward.custom_reward_function.reward_kwargs`
-are passed through (here: `code_timeout_s`, `code_memory_mb`, `code_sandbox`).
-
-- code (HumanEval, LiveCodeBench; `data_source` in CODE_SOURCES): the program runs in a sandboxed child that only
-  returns outputs, the verdict is decided in the caller (`code_reward`);
-- everything else is math (GSM8K, MATH, MATH-500, AIME24): `math-verify` (`math_reward`).
-Both return 0.0 or 1.0 and never raise on a response (a bad `code_sandbox` value does).
+verl 0.9.1 calls `compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=...)` from a worker
+thread of its reward loop, with `reward.custom_reward_function.reward_kwargs` passed through (here `code_timeout_s`,
+`code_memory_mb`, `code_sandbox`). Code (`data_source` in CODE_SOURCES) is run in a sandbox by `code_reward`,
+everything else is math (`math_reward`, math-verify). Both return 0.0 or 1.0 and never raise on a response (a bad
+`code_sandbox` value does).
 """
 
 from __future__ import annotations
@@ -29,6 +21,3 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, code
         return code_reward.compute_score(solution_str, ground_truth, timeout_s=code_timeout_s, memory_mb=code_memory_mb,
                                          sandbox=code_sandbox)
     return math_reward.compute_score(solution_str, ground_truth)
-
-
-__all__ = ["compute_score", "CODE_SOURCES", "code_reward", "math_reward"]

@@ -8,9 +8,8 @@ Protocol, one JSON document per line. The parent writes a header, {"code", "kind
 -> {"value": v} | {"error": name} for the named function (or `Solution().<name>`). Values travel in the tagged
 encoding of `encode` (exact plain types only). The expected outputs never reach this process.
 
-Isolation: "namespaces" (new namespaces, a read-only root of the system and interpreter folders, a private /tmp,
-no /proc) or "limits" (an in-process guard against new processes, sockets, deletions and writes elsewhere, which
-code that means to can undo). Both add resource limits and, under root, a uid of its own.
+Isolation: "namespaces" or "limits" (docs/rewards.md, "Isolation"), both with resource limits and, under root, a uid
+of its own.
 """
 
 import ctypes
@@ -55,42 +54,35 @@ MAX_ELEMENTS = 1_000_000  # values in one answer
 MAX_DEPTH = 100
 
 
-class _Budget:
-    """Caps on what one decode builds, and the deadline, checked every 256 values: a dict or set whose keys all hash
-    alike costs quadratic time to build, so time is checked while building, not only after."""
-
-    def __init__(self, deadline, clock):
-        self.left, self.deadline, self.clock = MAX_ELEMENTS, deadline, clock
-
-    def take(self) -> None:
-        self.left -= 1
-        if self.left < 0:
-            raise ValueError("answer has too many values")
-        if self.deadline is not None and self.left % 256 == 0 and self.clock() > self.deadline:
-            raise TimeoutError("time limit while decoding the answer")
-
-
-def decode(data, deadline=None, clock=None, _budget=None, _depth=0):
+def decode(data, deadline=None, clock=None):
     """The value `encode` wrote. `deadline` (a `clock()` time, default time.monotonic) bounds the time it takes;
-    more than MAX_ELEMENTS values or MAX_DEPTH levels raise ValueError."""
-    if _budget is None:
-        import time
-        _budget = _Budget(deadline, clock or time.monotonic)
-    if _depth > MAX_DEPTH:
-        raise ValueError("answer nested too deep")
-    _budget.take()
-    if isinstance(data, list):
-        return [decode(v, _budget=_budget, _depth=_depth + 1) for v in data]
-    if isinstance(data, dict):
-        tag, items = data["__t"], data["v"]
-        if tag == "float":
-            return float(items)
-        if tag == "dict":
-            return {decode(k, _budget=_budget, _depth=_depth + 1): decode(v, _budget=_budget, _depth=_depth + 1)
-                    for k, v in items}
-        return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](
-            decode(v, _budget=_budget, _depth=_depth + 1) for v in items)
-    return data
+    more than MAX_ELEMENTS values or MAX_DEPTH levels raise ValueError. The deadline is checked every 256 values while
+    building: a dict or set whose keys all hash alike costs quadratic time to build."""
+    import time
+
+    clock, left = clock or time.monotonic, MAX_ELEMENTS
+
+    def build(data, depth):
+        nonlocal left
+        if depth > MAX_DEPTH:
+            raise ValueError("answer nested too deep")
+        left -= 1
+        if left < 0:
+            raise ValueError("answer has too many values")
+        if deadline is not None and left % 256 == 0 and clock() > deadline:
+            raise TimeoutError("time limit while decoding the answer")
+        if isinstance(data, list):
+            return [build(v, depth + 1) for v in data]
+        if isinstance(data, dict):
+            tag, items = data["__t"], data["v"]
+            if tag == "float":
+                return float(items)
+            if tag == "dict":
+                return {build(k, depth + 1): build(v, depth + 1) for k, v in items}
+            return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](build(v, depth + 1) for v in items)
+        return data
+
+    return build(data, 0)
 
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -203,14 +195,11 @@ def guard(workdir: str) -> None:
     def refused(*args, **kwargs):
         raise PermissionError("disabled by the code reward's guard")
 
-    for module, names in ((os, ("fork", "forkpty", "system", "popen", "kill", "killpg", "remove", "unlink", "rmdir",
-                                "removedirs", "rename", "renames", "replace", "truncate", "chmod", "chown", "putenv",
-                                "execv", "execve", "execvp", "execl", "spawnv", "spawnl", "posix_spawn",
-                                "posix_spawnp", "setuid")),
-                          (posix, ("fork", "forkpty", "system", "kill", "killpg", "remove", "unlink", "rmdir",
-                                   "rename", "replace", "truncate", "chmod", "chown", "putenv", "execv", "execve",
-                                   "posix_spawn", "posix_spawnp", "setuid", "setsid")),
-                          (shutil, ("rmtree", "move", "chown")), (subprocess, ("Popen", "run", "call", "check_output")),
+    both = ("fork", "forkpty", "system", "kill", "killpg", "remove", "unlink", "rmdir", "rename", "replace", "truncate",
+            "chmod", "chown", "putenv", "execv", "execve", "posix_spawn", "posix_spawnp", "setuid")
+    for module, names in ((os, both + ("popen", "removedirs", "renames", "execvp", "execl", "spawnv", "spawnl")),
+                          (posix, both + ("setsid",)), (shutil, ("rmtree", "move", "chown")),
+                          (subprocess, ("Popen", "run", "call", "check_output")),
                           (socket, ("socket", "create_connection", "socketpair"))):
         for name in names:
             if hasattr(module, name):

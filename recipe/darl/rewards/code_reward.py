@@ -1,10 +1,7 @@
-"""Code answers (HumanEval, LiveCodeBench) scored with the verdict outside the model's reach.
+"""Code answers (HumanEval, LiveCodeBench) scored with the verdict outside the model's reach (docs/rewards.md).
 
 The program runs in a sandboxed child (`_runner.py`) that only returns outputs; every comparison with an expected
-output happens here, out of the program's reach. stdin tasks compare stdout line by line, functional tasks compare
-return values, and HumanEval's own `check(candidate)` runs here with `candidate` a proxy that calls the child.
-Score: 1.0 when every test passed; 0.0 on a failed test, a timeout (`timeout_s` for the whole program), a crash, a
-value that is not plain data, or no usable code. The isolation level is printed once (docs/rewards.md).
+output happens here, HumanEval's own `check(candidate)` with `candidate` a proxy that calls the child.
 
 Ground truth: a JSON string (one parquet column type for every code dataset):
   {"kind": "assert", "test": "<def check(candidate): ...>", "entry_point": "f", "prompt": "<signature + docstring>"}
@@ -54,10 +51,7 @@ class CandidateFailed(Exception):
 
 def extract_code(response: str) -> str | None:
     """The last fenced code block after any `</think>`; None when the response has none."""
-    if not isinstance(response, str):
-        return None
-    text = response.rsplit("</think>", 1)[1] if "</think>" in response else response
-    blocks = [b for b in _CODE_BLOCK.findall(text) if b.strip()]
+    blocks = [b for b in _CODE_BLOCK.findall(response.rsplit("</think>", 1)[-1]) if b.strip()]
     return blocks[-1] if blocks else None
 
 
@@ -227,24 +221,15 @@ def _tokens_match(got: str, expected: str) -> bool:
         return False
     if not (a.is_finite() and b.is_finite()):
         return False
-    if a == b:
-        return True
-    if _INTEGER.fullmatch(expected):
-        return False
-    return abs(a - b) <= max(Decimal("1e-6"), Decimal("1e-6") * abs(b))
+    return a == b or (not _INTEGER.fullmatch(expected) and abs(a - b) <= max(Decimal("1e-6"), Decimal("1e-6") * abs(b)))
 
 
 def outputs_match(got: str, expected: str) -> bool:
     """Line by line after stripping, token by token (`_tokens_match`)."""
-    got_lines = [line.strip() for line in got.strip().splitlines()]
-    exp_lines = [line.strip() for line in expected.strip().splitlines()]
-    if len(got_lines) != len(exp_lines):
-        return False
-    for g, e in zip(got_lines, exp_lines):
-        gt, et = g.split(), e.split()
-        if len(gt) != len(et) or not all(_tokens_match(a, b) for a, b in zip(gt, et)):
-            return False
-    return True
+    got_lines = [line.split() for line in got.strip().splitlines()]
+    exp_lines = [line.split() for line in expected.strip().splitlines()]
+    return len(got_lines) == len(exp_lines) and all(
+        len(g) == len(e) and all(_tokens_match(a, b) for a, b in zip(g, e)) for g, e in zip(got_lines, exp_lines))
 
 
 def _as_lists(value):
@@ -270,18 +255,12 @@ def _call(candidate: Candidate, args: list):
 
 
 def _passes(candidate: Candidate, spec: dict) -> bool:
-    if spec["kind"] == "stdin":
-        for test in spec["tests"]:
-            answer = candidate.ask({"stdin": test["input"]})
-            if answer.get("exit") != 0 or not outputs_match(str(answer.get("stdout", "")), test["output"]):
-                return False
-        return True
-    if spec["kind"] == "functional":
-        for test in spec["tests"]:
-            args = [json.loads(line) for line in test["input"].split("\n") if line.strip()]
-            if _as_lists(_call(candidate, args)) != _as_lists(json.loads(test["output"])):
-                return False
-        return True
+    if spec["kind"] == "stdin":  # each test asked only once the ones before it passed
+        answers = ((candidate.ask({"stdin": test["input"]}), test["output"]) for test in spec["tests"])
+        return all(a.get("exit") == 0 and outputs_match(str(a.get("stdout", "")), out) for a, out in answers)
+    if spec["kind"] == "functional":  # a test's input: one JSON argument per line
+        return all(_as_lists(_call(candidate, [json.loads(line) for line in test["input"].split("\n") if line.strip()]))
+                   == _as_lists(json.loads(test["output"])) for test in spec["tests"])
     # assert: the task's own check, here, with a proxy for the model's function
     namespace: dict = {"__name__": "__check__"}
     exec(compile(spec.get("prompt", ""), "<prompt>", "exec"), namespace)
@@ -319,17 +298,13 @@ def compute_score(solution_str: str, ground_truth, timeout_s: float = DEFAULT_TI
     sandbox_level(sandbox)
     try:
         spec = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
-        if spec.get("kind") not in ("assert", "stdin", "functional"):
+        kind, code = spec.get("kind"), extract_code(solution_str)
+        if code is None or kind not in ("assert", "stdin", "functional") or (kind != "assert" and not spec["tests"]):
             return 0.0
-        if spec["kind"] in ("stdin", "functional") and not spec.get("tests"):
-            return 0.0
-        code = extract_code(solution_str)
-        if code is None:
-            return 0.0
-        kind = "stdin" if spec["kind"] == "stdin" else "call"
-        name = spec.get("fn_name") if spec["kind"] == "functional" else spec.get("entry_point")
+        name = spec.get("fn_name") if kind == "functional" else spec.get("entry_point")
         # a Candidate that fails to start closes itself
-        candidate = Candidate(build_program(code, spec), kind, name, timeout_s, memory_mb, sandbox)
+        candidate = Candidate(build_program(code, spec), "stdin" if kind == "stdin" else "call", name, timeout_s,
+                              memory_mb, sandbox)
         try:
             return 1.0 if _passes(candidate, spec) else 0.0
         finally:

