@@ -1,9 +1,7 @@
 """Which trainer a config is for, and what follows from it, in one place: `TrainerMode`.
 
-The entry points fix the trainer (main_one_step_off, main_fully_async, main_v1 with `v1=True`) and each trainer class
-holds its mode; code that has only the config (the checks, the workers, the estimate) asks `trainer_mode(cfg, v1)`.
-The fully-async config is the one with an `async_training` group (verl's fully_async_ppo_trainer.yaml); V1's mode is
-its `trainer.v1.trainer_mode`.
+Each trainer class holds its mode; code that has only the config (the checks, the workers, the estimate) asks
+`trainer_mode(cfg, v1)`, v1 for main_v1's config.
 """
 
 from __future__ import annotations
@@ -61,7 +59,7 @@ class TrainerMode:
 
 
 def trainer_mode(cfg: DictConfig, v1: bool = False) -> TrainerMode:
-    """The mode of a composed config; v1: the config of verl's V1 trainer."""
+    """The mode of a composed config (fully-async: it has verl's `async_training` group); v1: verl's V1 trainer's."""
     if v1:
         return TrainerMode(str(cfg.trainer.v1.trainer_mode))
     return TrainerMode(FULLY_ASYNC if cfg.get("async_training") is not None else ONE_STEP_OFF)

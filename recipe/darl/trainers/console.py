@@ -13,6 +13,8 @@ import datetime
 import statistics
 from typing import Any, Callable, Optional
 
+from tqdm import tqdm
+
 MODES = ("compact", "full")
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 
@@ -41,20 +43,16 @@ class CompactConsole:
     def line(self, data: dict[str, Any], step: int) -> str:
         total = self.total_steps()
         parts = [f"step {step}" + (f"/{total}" if total else "")]
-        reward = _first(data, REWARD_KEYS)
-        if reward is not None:
+        if (reward := _first(data, REWARD_KEYS)) is not None:
             parts.append(f"reward {reward:.3f}")
-        val = validation_accuracy(data)
-        if val is not None:
+        if (val := validation_accuracy(data)) is not None:
             parts.append(f"val {val:.3f}")
         trained, replayed = _first(data, ("replay/selected",)), _first(data, ("replay/replayed_trained",))
         if trained is not None:
             parts.append(f"trained {trained:.0f} groups" + (f", {replayed:.0f} replayed" if replayed is not None else ""))
-        staleness = _first(data, ("replay/staleness_mean",))
-        if staleness is not None:
+        if (staleness := _first(data, ("replay/staleness_mean",))) is not None:
             parts.append(f"staleness {staleness:.1f}")
-        seconds = _first(data, ("timing_s/step",))
-        if seconds is not None:
+        if (seconds := _first(data, ("timing_s/step",))) is not None:
             self.step_times.append(seconds)
             parts.append(f"{seconds:.1f} s/step")
             if total and step < total:
@@ -63,12 +61,7 @@ class CompactConsole:
         return "[darl] " + " | ".join(parts)
 
     def log(self, data: dict[str, Any], step: int) -> None:
-        try:  # under verl's progress bar: write above it
-            from tqdm import tqdm
-
-            write = tqdm.write if self.write is print else self.write
-        except ImportError:
-            write = self.write
+        write = tqdm.write if self.write is print else self.write  # under verl's progress bar: write above it
         write(self.line(data, step))
 
 

@@ -21,8 +21,7 @@ VERSION_KEY = "min_global_steps"
 
 def groups_from_batch(batch: DataProto, scores: torch.Tensor) -> list[Group]:
     """Groups of a generated batch by `uid`, in order of first appearance; scores: [B, L] token-level rewards."""
-    extra = sorted(set(batch.batch.keys()) - REBUILT_KEYS - DROPPED_KEYS)
-    if extra:
+    if extra := sorted(set(batch.batch.keys()) - REBUILT_KEYS - DROPPED_KEYS):
         raise ValueError(f"replay cannot store batch keys {extra} (multi-modal or MoE routing data are not supported)")
     for key in ("uid", VERSION_KEY):
         if key not in batch.non_tensor_batch:
@@ -68,12 +67,11 @@ def batch_from_groups(groups: list[Group], prompt_width: int, response_width: in
             raise ValueError(f"group {g.uid} has non-tensor fields {sorted(g.non_tensors)}, expected {sorted(keys)}")
     prompts, prompt_mask, responses, response_mask, rollout, scores = [], [], [], [], [], []
     for g in groups:
+        start = prompt_width - g.prompt_ids.shape[0]
         p = torch.zeros(prompt_width, dtype=torch.long)
-        p[prompt_width - g.prompt_ids.shape[0]:] = g.prompt_ids.long()
-        pm = torch.zeros(prompt_width, dtype=torch.long)
-        pm[prompt_width - g.prompt_ids.shape[0]:] = 1
+        p[start:] = g.prompt_ids.long()
         prompts.append(p.expand(g.n, -1))
-        prompt_mask.append(pm.expand(g.n, -1))
+        prompt_mask.append((torch.arange(prompt_width) >= start).long().expand(g.n, -1))
         responses.append(g.padded("response_ids", response_width).long())
         response_mask.append(g.padded("response_mask", response_width).long())
         rollout.append(g.padded("rollout_log_probs", response_width))
@@ -119,24 +117,10 @@ def loss_fields(inputs: LossInputs, width: int) -> dict[str, torch.Tensor]:
             "darl_clip_high": inputs.clip_high.unsqueeze(1).expand(-1, width).contiguous()}
 
 
-def trained_chi2(state: StepState) -> list[float]:
-    """chi2 group scores of the step's trained groups, for the `replay/chi2_*` metrics (none if it skipped)."""
-    if state.old_log_probs is None:
-        return []
-    groups = state.plan.trained
-    sample = sample_chi2(state.old_log_probs, state.rollout_log_probs, state.response_mask)
-    index = torch.cat([torch.full((g.n,), i) for i, g in enumerate(groups)])
-    return group_scores(sample, index, len(groups)).tolist()
-
-
 def replay_metrics(state: StepState, buffer_stats: dict[str, Any], evicted: dict[str, int]) -> dict[str, float]:
     """The `replay/` metrics of one step (docs/metrics.md), scalars."""
-    plan, timing = state.plan, state.timing
-    weights = state.inputs.weights if state.inputs is not None else None
-    trained_scores = trained_chi2(state)
-    step, cands, selection = plan.version, plan.cands, plan.selection
-    groups = cands.candidates
-    sel_groups = plan.trained
+    plan, cands, selection = state.plan, state.plan.cands, state.plan.selection
+    step, groups, sel_groups = plan.version, cands.candidates, plan.trained
     trained = {id(g) for g in sel_groups}
     history = {id(g) for g in cands.history}
     fresh = {id(g) for g in cands.fresh}  # history groups included
@@ -178,11 +162,14 @@ def replay_metrics(state: StepState, buffer_stats: dict[str, Any], evicted: dict
         per_version.setdefault(g.version, [0, 0])[int(id(g) in trained)] += 1
     for version, (rejected, taken) in per_version.items():
         m[f"replay/selected_fraction/s{step - version}"] = taken / (taken + rejected)
-    vals = [s for s in trained_scores if np.isfinite(s)]
-    if vals:
-        m["replay/chi2_selected_mean"] = float(np.mean(vals))
-        m["replay/chi2_selected_max"] = float(np.max(vals))
-    if weights is not None:
+    if state.inputs is not None:  # the step trained: pi_old and the loss inputs of its groups
+        sample = sample_chi2(state.old_log_probs, state.rollout_log_probs, state.response_mask)
+        index = torch.cat([torch.full((g.n,), i) for i, g in enumerate(sel_groups)])
+        chi2 = [s for s in group_scores(sample, index, len(sel_groups)).tolist() if np.isfinite(s)]
+        if chi2:
+            m["replay/chi2_selected_mean"] = float(np.mean(chi2))
+            m["replay/chi2_selected_max"] = float(np.max(chi2))
+        weights = state.inputs.weights
         m["replay/truncated_fraction"] = weights.truncated_fraction
         m["replay/m2_gated_fraction"] = weights.metrics["m2_gated_fraction"]
         m["replay/invalid_samples"] = weights.metrics["invalid_samples"]
@@ -192,6 +179,6 @@ def replay_metrics(state: StepState, buffer_stats: dict[str, Any], evicted: dict
             if col.any():
                 m[f"replay/alpha/s{step - version}"] = float(weights.alpha[col, s].mean())
                 m[f"replay/ess_fraction/s{step - version}"] = float((weights.ess[col, s] / weights.tokens[col, s]).mean())
-    for name, seconds in timing.items():
+    for name, seconds in state.timing.items():
         m[f"replay/time_{name}_s"] = seconds
     return m

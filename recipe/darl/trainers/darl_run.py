@@ -1,6 +1,6 @@
 """What D-ARL adds to a verl trainer, held by it as `trainer.darl` (docs/trainer.md): the replay step, checkpoints,
-the stop request, the reward guard and DARTS' trainer side. Each verl hook a trainer overrides is a few lines that
-call in here; verl's state (steps, metrics, worker groups) stays on the trainer, read through `self.trainer`.
+the stop request, the reward guard and DARTS' trainer side. verl's state (steps, metrics, worker groups) stays on the
+trainer, read through `self.trainer`.
 
 Checkpoints are written in a fixed order: the replay buffer and DARTS' EMA first (atomic, checksummed), then verl's
 files, verl's tracker last, so a kill anywhere leaves the previous checkpoint the one resume takes.
@@ -64,13 +64,10 @@ class DarlRun:
         return self.trainer.actor_rollout_wg.world_size // sp
 
     def clip_settings(self) -> ClipSettings:
-        actor = self.config.actor_rollout_ref.actor
-
-        def clip(key: str) -> float:
-            return float(actor.clip_ratio if actor.get(key) is None else actor.get(key))
-
-        threshold = float(self.config.algorithm.rollout_correction.rollout_is_threshold)
-        return ClipSettings(threshold, clip("clip_ratio_low"), clip("clip_ratio_high"))
+        actor = self.config.actor_rollout_ref.actor  # an unset low or high clip ratio is clip_ratio
+        low, high = (float(actor.clip_ratio if actor.get(k) is None else actor.get(k))
+                     for k in ("clip_ratio_low", "clip_ratio_high"))
+        return ClipSettings(float(self.config.algorithm.rollout_correction.rollout_is_threshold), low, high)
 
     def group_multiples(self) -> tuple[int, Optional[int]]:
         """(groups of a full mini-batch, the fewest groups one smaller mini-batch may hold; None: none fits)."""
@@ -89,8 +86,8 @@ class DarlRun:
     def begin(self, plane, fresh: list, metrics: dict) -> StepState:
         """`ReplayStep.begin` at the trainer's version (pi_old's, in the mode's unit), budget B and settings."""
         metrics["replay/fresh_version"] = max(g.version for g in fresh)  # the rollout's version stamp
-        return self.step.begin(plane, fresh, self.mode.version(self.trainer), self.mode.step_budget(self.config), *self.group_multiples(),
-                               self.clip_settings())
+        return self.step.begin(plane, fresh, self.mode.version(self.trainer), self.mode.step_budget(self.config),
+                               *self.group_multiples(), self.clip_settings())
 
     def end(self, state: StepState, metrics: dict) -> None:
         evicted = self.step.end(state)
@@ -157,7 +154,8 @@ class DarlRun:
                   extra: Callable[[str], Any] = lambda folder: None) -> Any:
         """Writes the buffer, DARTS' EMA and `extra(folder)`, then runs `verl_save` with rotation after its tracker."""
         self.save_replay(folder, step)
-        self.save_darts(folder)
+        if self.darts.enable:
+            write_checked(os.path.join(folder, DARTS_FILE), self.darts_call("state"))
         extra(folder)
         probe("after_buffer", step)
         return guarded_verl_save(self.trainer, verl_save, step)
@@ -188,16 +186,21 @@ class DarlRun:
         return os.path.join(os.path.abspath(self.config.trainer.default_local_dir), f"global_step_{step}")
 
     def restore(self, folder: str) -> None:
+        """The buffer and DARTS' EMA from the folder verl resumed from (no EMA file: the EMA starts empty)."""
         self.load_replay(folder)
-        self.load_darts(folder)
+        path = os.path.join(folder, DARTS_FILE)
+        if self.darts.enable and os.path.exists(path):
+            state = read_checked(path)
+            self.darts_call("load_state", state)
+            print(f"[D-ARL] rollout_shaping: restored the length-spread EMA of {len(state['ema'])} prompts from {path}")
+        elif self.darts.enable:
+            print(f"[D-ARL] rollout_shaping: {folder} has no {DARTS_FILE}; the length-spread EMA starts empty")
 
     def save_replay(self, folder: str, step: int = -1) -> None:
-        """Writes the buffer into a checkpoint folder (atomic, checksummed) of step `step` (the fault hook's key).
-        Call before verl writes its tracker, so a checkpoint that resume can find always holds the buffer."""
-        if self.buffer is None:
-            return
-        write_checked(os.path.join(folder, BUFFER_FILE), {"replay": self.buffer.state_dict(), "config": vars(self.replay)},
-                      before_replace=lambda: probe("buffer_write", step))
+        """Writes the buffer into a checkpoint folder (atomic, checksummed); `step` keys the `buffer_write` probe."""
+        if self.buffer is not None:
+            state = {"replay": self.buffer.state_dict(), "config": vars(self.replay)}
+            write_checked(os.path.join(folder, BUFFER_FILE), state, before_replace=lambda: probe("buffer_write", step))
 
     def load_replay(self, folder: str) -> None:
         """Restores the buffer from the folder verl resumed from; a torn file raises `CorruptCheckpointError`."""
@@ -239,9 +242,8 @@ class DarlRun:
                       "anyway for the stop request")
             with marked_timer("save_checkpoint", self.trainer.timing_raw, color="green"):
                 self.trainer._save_checkpoint()
-        path = self.stop_request_path()
-        if os.path.exists(path):
-            os.remove(path)
+        if self.stop_requested():
+            os.remove(self.stop_request_path())
         print(f"[D-ARL] stop request: checkpoint saved at {step} "
               f"({os.path.abspath(self.config.trainer.default_local_dir)}); training ends", flush=True)
 
@@ -256,27 +258,8 @@ class DarlRun:
 
     def install_darts(self) -> None:
         """Fully-async: puts the DARTS manager into the rollouter; before its checkpoint is loaded and it generates."""
-        rollouter = getattr(self.trainer, "rollouter", None)
-        if self.darts.enable and rollouter is not None:
-            ray.get(rollouter.__ray_call__.remote(install_in_rollouter))
-
-    def save_darts(self, folder: str) -> None:
-        if self.darts.enable:
-            write_checked(os.path.join(folder, DARTS_FILE), self.darts_call("state"))
-
-    def load_darts(self, folder: str) -> Optional[int]:
-        """Restores the EMA saved in `folder`; returns how many prompts it holds (None: DARTS off, or no file: the
-        EMA starts empty)."""
-        if not self.darts.enable:
-            return None
-        path = os.path.join(folder, DARTS_FILE)
-        if not os.path.exists(path):
-            print(f"[D-ARL] rollout_shaping: {folder} has no {DARTS_FILE}; the length-spread EMA starts empty")
-            return None
-        state = read_checked(path)
-        self.darts_call("load_state", state)
-        print(f"[D-ARL] rollout_shaping: restored the length-spread EMA of {len(state['ema'])} prompts from {path}")
-        return len(state["ema"])
+        if self.darts.enable:  # verl's task runner sets the rollouter before it loads the checkpoint
+            ray.get(self.trainer.rollouter.__ray_call__.remote(install_in_rollouter))
 
 
 def _planner_call(rollouter, name: str, *args) -> Any:

@@ -1,11 +1,8 @@
 """D-ARL on verl's fully-async trainer: `FullyAsyncTrainer` holding D-ARL's run (`self.darl`, trainers/darl_run.py).
 
 Versions are verl's `current_param_version`: staleness counts weight syncs, and old log-probs (computed under the
-last sync's parameters) are recorded as that version. Ray forbids subclassing the actor class `FullyAsyncTrainer`,
-so the plain class behind it is subclassed and wrapped in `ray.remote` again. Ray ships verl's inherited methods by
-value with a copy of the base in their `super()` cells, so this module is pickled by value too (else `super()`
-fails in the worker); the task runner, which must go by reference, lives in `task_runners`. Checkpoints
-also hold the MessageQueue's waiting samples (`darl_queue.pt`), requeued on resume so they are trained first.
+last sync's parameters) are recorded as that version. Checkpoints also hold the MessageQueue's waiting samples
+(`darl_queue.pt`), requeued on resume so they are trained first.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ from recipe.darl.trainers.console import CompactTracking
 from recipe.darl.trainers.darl_run import DarlRun
 
 # Ray ships the inherited methods by value with the base in their super() cells: this module must travel with them
+# (else super() fails in the worker); the task runner, which must go by reference, lives in `task_runners`
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 # Ray refuses a subclass of the actor class verl's runner builds: the plain class behind it
@@ -77,9 +75,8 @@ class DarlFullyAsyncTrainerImpl(FullyAsyncTrainerBase):
         return self.darl.save_then(self._checkpoint_folder(), int(self.current_param_version),
                                    super()._save_checkpoint, extra=self.save_queue)
 
-    def save_queue(self, folder: str) -> int:
-        """Writes the MessageQueue's samples to `folder` in order and puts them back (a finish signal None is not
-        saved); returns how many."""
+    def save_queue(self, folder: str) -> None:
+        """Writes the MessageQueue's samples (not a finish signal None) to `folder` in order and puts them back."""
         client = self.message_queue_client
         items = [client.get_sample_sync()[0] for _ in range(client.get_queue_size_sync())]
         for item in items:
@@ -87,7 +84,6 @@ class DarlFullyAsyncTrainerImpl(FullyAsyncTrainerBase):
         samples = [x for x in items if x is not None]
         write_checked(os.path.join(folder, QUEUE_FILE), {"samples": samples})
         print(f"[D-ARL] saved {len(samples)} generated but untrained sample(s) to {folder}/{QUEUE_FILE}")
-        return len(samples)
 
     async def requeue(self, folder: str) -> int:
         """Puts the samples `save_queue` wrote in `folder` back into the MessageQueue; returns how many."""
@@ -104,7 +100,6 @@ class DarlFullyAsyncTrainerImpl(FullyAsyncTrainerBase):
     async def _fit_update_weights(self):
         if not getattr(self, "_watching", False):  # the first call: before the rollouter starts
             await self.rollouter.__ray_call__.remote(_watch_generation)
-            self.darl.install_darts()  # idempotent: load_checkpoint installed it already
             self._watching = True
         if self._requeued:
             # the rollouter's count resumes at the trained samples: count the requeued ones as generated too,
@@ -166,8 +161,7 @@ class DarlFullyAsyncTrainerImpl(FullyAsyncTrainerBase):
             # verl logs a step's metrics at the next step: log them here, or the stop's own update goes unrecorded
             self._fit_log_aggregated_training_metrics({})
             # the trainer ends first here: the rollouter would wait for it (at its staleness limit) forever
-            if getattr(self, "progress_bar", None) is not None:
-                self.progress_bar.close()
+            self.progress_bar.close()  # set: verl's _fit_postprocess_step updated it right before the stop
             await self.rollouter.__ray_call__.remote(_end_generation)
             return None
         await self._check_rollouter_finished()
@@ -175,9 +169,9 @@ class DarlFullyAsyncTrainerImpl(FullyAsyncTrainerBase):
 
     def _rollout_servers(self) -> tuple[list, list]:
         """(actor handles, addresses) of the rollout servers: the replicas the trainer syncs weights to."""
-        replicas = list(getattr(getattr(self, "checkpoint_manager", None), "replicas", None) or [])
-        return ([r._server_handle for r in replicas if getattr(r, "_server_handle", None) is not None],
-                [str(getattr(r, "_server_address", "?")) for r in replicas if getattr(r, "_server_handle", None) is not None])
+        replicas = [r for r in getattr(getattr(self, "checkpoint_manager", None), "replicas", None) or []
+                    if getattr(r, "_server_handle", None) is not None]
+        return [r._server_handle for r in replicas], [str(getattr(r, "_server_address", "?")) for r in replicas]
 
     async def _check_rollouter_finished(self) -> None:
         """Raises the rollouter's generation failure `_watch_generation` recorded: verl swallows it and sends its
@@ -196,11 +190,8 @@ class DarlFullyAsyncTrainerImpl(FullyAsyncTrainerBase):
 # verl's FullyAsyncRollouter is a Ray actor without methods for these: they run in it through Ray's __ray_call__
 
 def _watch_generation(rollouter) -> None:
-    """Records the exception that ends the rollouter's generation, which verl swallows, for
-    `_check_rollouter_finished`."""
-    original = getattr(rollouter, "_streaming_generation_main", None)
-    if original is None or getattr(rollouter, "_darl_watched", False):
-        return
+    """Records the exception ending the rollouter's generation, which verl swallows, for `_check_rollouter_finished`."""
+    original = rollouter._streaming_generation_main
 
     async def watched():
         try:
@@ -210,7 +201,6 @@ def _watch_generation(rollouter) -> None:
             raise
 
     rollouter._streaming_generation_main = watched
-    rollouter._darl_watched = True
 
 
 def _rollouter_state(rollouter) -> dict:

@@ -1,9 +1,9 @@
-"""Conversion between verl V1's TransferQueue rows and the D-ARL core's groups (the V1 counterpart of batches.py).
+"""Conversion between verl V1's TransferQueue rows and the D-ARL core's groups (V1's counterpart of converters.py).
 
 A V1 trajectory is one row per response, keyed `{uid}_{session}_{index}`, its token fields unpadded (prompt [P],
-response [L]) and its other fields verbatim. A step's trained groups are written back under new keys
-`{uid}-r{step}_{i}_0`, fresh and replayed alike, so every row of the step has the same field set (TransferQueue
-returns only the fields all requested keys hold) and verl's own sampler never sees them (no prompt marker).
+response [L]) and its other fields verbatim. A step's trained groups, fresh and replayed alike, are written back under
+new keys `{uid}-r{step}_{i}_0`, so every row of the step has the same field set (TransferQueue returns only the fields
+all requested keys hold) and verl's own sampler never sees them (no prompt marker).
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ DROPPED_FIELDS = {"dummy_tensor"}  # verl's RLHFDataset placeholder, which nothi
 
 def rows_of(td) -> list[dict[str, Any]]:
     """A TransferQueue TensorDict (`kv_batch_get`) as one dict per row: tensors unpadded, other values as stored."""
-    columns = {}
-    for name in td.keys():
-        value = td[name]
-        columns[name] = list(value.unbind(0)) if isinstance(value, torch.Tensor) else list(value)
+    values = {name: td[name] for name in td.keys()}
+    columns = {name: list(v.unbind(0)) if isinstance(v, torch.Tensor) else list(v) for name, v in values.items()}
     return [{name: column[i] for name, column in columns.items()} for i in range(int(td.batch_size[0]))]
 
 
@@ -37,9 +35,8 @@ def groups_from_rows(rows: list[dict[str, Any]], tags: list[dict[str, Any]]) -> 
         raise ValueError(f"groups_from_rows: {len(rows)} rows but {len(tags)} tags")
     rows_of_uid: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
-        extra = sorted(k for k, v in row.items()
-                       if isinstance(v, torch.Tensor) and k not in REBUILT_FIELDS | DROPPED_FIELDS)
-        if extra:
+        if extra := sorted(k for k, v in row.items()
+                           if isinstance(v, torch.Tensor) and k not in REBUILT_FIELDS | DROPPED_FIELDS):
             raise ValueError(f"replay cannot store fields {extra} (multi-modal or MoE routing data are not supported)")
         if "rollout_log_probs" not in row:
             raise KeyError("replay needs rollout_log_probs: set actor_rollout_ref.rollout.calculate_log_probs=true")
@@ -86,8 +83,7 @@ def rows_from_groups(groups: list[Group], step: int) -> tuple[list[str], list[di
             row = {k: v[i] for k, v in g.non_tensors.items()}
             row.update(uid=uid, session_id=i, prompts=prompt, responses=response, response_mask=mask, loss_mask=mask,
                        input_ids=input_ids, position_ids=torch.arange(input_ids.shape[0]),
-                       rollout_log_probs=log_probs[i, :length],
-                       rm_scores=scores)
+                       rollout_log_probs=log_probs[i, :length], rm_scores=scores)
             extra = row.get("extra_fields") if isinstance(row.get("extra_fields"), dict) else {}
             keys.append(f"{uid}_{i}_0")
             rows.append(row)

@@ -1,10 +1,9 @@
 """D-ARL on verl's V1 trainer (`trainer.use_v1=true`): `colocate_async` and `separate_async`.
 
-V1 moves a step's data through TransferQueue. `_step_once` (verl's one local update) is replaced when replay is on:
-the fresh groups verl's sampler hands over are read out of TransferQueue into the replay step, and the groups it
-trains (fresh and buffered) are written back as that step's rows; verl's own balance, old-log-prob, advantage and
-update stages then run on them, with the D-ARL loss fields put beside them. verl's `fit` deletes the step's rows
-when it ends; the buffer keeps its own copies and is saved with verl's checkpoints (as in the V0 trainers).
+With replay on, `_step_once` (verl's one local update) reads the fresh groups verl's sampler hands over out of
+TransferQueue into the replay step (whose buffer keeps its own copies: verl's `fit` deletes a step's rows) and writes
+the groups it trains (fresh and buffered) back as the step's rows; verl's own balance, old-log-prob, advantage and
+update stages run on them, with the D-ARL loss fields put beside them.
 """
 
 from __future__ import annotations
@@ -112,9 +111,8 @@ def darl_v1_trainer(base: type, name: str) -> type:
                     batch = self._compute_old_log_prob(batch, metrics=metrics)
                     batch = self._compute_advantage(batch, metrics=metrics)
                 else:
-                    batch = plane.batch
                     with marked_timer("adv", timing_raw, color="brown"):
-                        batch = self._compute_advantage(batch, metrics=metrics)
+                        batch = self._compute_advantage(plane.batch, metrics=metrics)
                     if self.config.trainer.critic_warmup <= self.global_steps:
                         with marked_timer("update_actor", timing_raw, color="red"):
                             batch = self._update_actor(batch, metrics=metrics)
@@ -133,7 +131,6 @@ class TransferQueuePlane:
                  stack: contextlib.ExitStack) -> None:
         self.trainer, self.fresh, self.metrics, self.timing_raw, self.stack = trainer, fresh, metrics, timing_raw, stack
         self.batch: Optional[KVBatchMeta] = None
-        self.keys: list[str] = []
         self.rows = torch.zeros(0, dtype=torch.long)  # the trained rows' positions in the balanced order
         self.data: dict[str, torch.Tensor] = {}  # the trained rows' old, rollout log-probs and mask, [B, L] padded
         self.nested_mask = None  # the balanced rows' jagged response mask, when TransferQueue returns one
