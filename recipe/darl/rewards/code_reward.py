@@ -221,7 +221,11 @@ def _tokens_match(got: str, expected: str) -> bool:
         return False
     if not (a.is_finite() and b.is_finite()):
         return False
-    return a == b or (not _INTEGER.fullmatch(expected) and abs(a - b) <= max(Decimal("1e-6"), Decimal("1e-6") * abs(b)))
+    if a == b:
+        return True
+    if _INTEGER.fullmatch(expected):
+        return False
+    return abs(a - b) <= max(Decimal("1e-6"), Decimal("1e-6") * abs(b))
 
 
 def outputs_match(got: str, expected: str) -> bool:
@@ -255,12 +259,18 @@ def _call(candidate: Candidate, args: list):
 
 
 def _passes(candidate: Candidate, spec: dict) -> bool:
-    if spec["kind"] == "stdin":  # each test asked only once the ones before it passed
-        answers = ((candidate.ask({"stdin": test["input"]}), test["output"]) for test in spec["tests"])
-        return all(a.get("exit") == 0 and outputs_match(str(a.get("stdout", "")), out) for a, out in answers)
-    if spec["kind"] == "functional":  # a test's input: one JSON argument per line
-        return all(_as_lists(_call(candidate, [json.loads(line) for line in test["input"].split("\n") if line.strip()]))
-                   == _as_lists(json.loads(test["output"])) for test in spec["tests"])
+    if spec["kind"] == "stdin":
+        for test in spec["tests"]:
+            answer = candidate.ask({"stdin": test["input"]})
+            if answer.get("exit") != 0 or not outputs_match(str(answer.get("stdout", "")), test["output"]):
+                return False
+        return True
+    if spec["kind"] == "functional":
+        for test in spec["tests"]:
+            args = [json.loads(line) for line in test["input"].split("\n") if line.strip()]  # one argument a line
+            if _as_lists(_call(candidate, args)) != _as_lists(json.loads(test["output"])):
+                return False
+        return True
     # assert: the task's own check, here, with a proxy for the model's function
     namespace: dict = {"__name__": "__check__"}
     exec(compile(spec.get("prompt", ""), "<prompt>", "exec"), namespace)
@@ -299,7 +309,7 @@ def compute_score(solution_str: str, ground_truth, timeout_s: float = DEFAULT_TI
     try:
         spec = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
         kind, code = spec.get("kind"), extract_code(solution_str)
-        if code is None or kind not in ("assert", "stdin", "functional") or (kind != "assert" and not spec["tests"]):
+        if code is None or kind not in ("assert", "stdin", "functional") or (kind != "assert" and not spec.get("tests")):
             return 0.0
         name = spec.get("fn_name") if kind == "functional" else spec.get("entry_point")
         # a Candidate that fails to start closes itself
