@@ -12,7 +12,7 @@ A source is a run folder (TRAINER/seedS/CONFIG/metrics.jsonl, verl's file logger
 the same trainer, config and seed): one line per run, {"trainer", "config", "seed", "records": [verl's
 logged steps, trimmed to the keys in KEEP], "launches": [each launch's provenance and versions], "resolved_config"}
 (the last two where the run recorded its launches). A pair counts as side by side when both runs ran every launch
-from one clean commit on one host. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
+from one clean commit on one machine. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
 per trainer, greedy validation accuracy per seed, mean ± std, the paired difference to decoupled PPO and to
 `gates_only` (mean and 95% interval over paired seeds), generated samples to reach the same seed's decoupled final
 accuracy, and the median step time over the second half of the run against decoupled's.
@@ -80,7 +80,7 @@ def _launches(cfg_dir: Path) -> dict[str, Any]:
 
 
 def origin(run: dict[str, Any]) -> dict[str, Any] | None:
-    """The run's provenance when every launch of it ran from one clean commit on one host, else None."""
+    """The run's provenance when every launch of it ran from one clean commit on one machine, else None."""
     launches = [x["provenance"] for x in run.get("launches", [])]
     if not launches or not all(same_origin(launches[0], x) for x in launches):
         return None
@@ -116,7 +116,7 @@ def as_result(run: dict[str, Any], samples_per_step: int) -> dict[str, Any]:
 
 def _paired(a: dict[int, float], b: dict[int, float], side_by_side: int = 0) -> str:
     """a - b over the seeds both have, in points: mean [95% interval], the per-seed differences, and how many of
-    the pairs ran side by side (one clean commit, one host)."""
+    the pairs ran side by side (one clean commit, one machine)."""
     diff = paired(a, b)
     if diff.n < 2:
         return diff.points()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -87,8 +88,11 @@ def development_report(results: list[dict[str, Any]]) -> str:
     candidate has all its runs)."""
     preset, alternative = choose(results, DARL_CANDIDATES), choose(results, SIMPLE_CANDIDATES)
     planned = ((len(DEV_CONFIGS) - 1) * len(STALENESS) + 1) * len(DEV_SEEDS)  # sync runs at s = 0 only
-    done = len({(r["method_name"], r["staleness"], r["seed"]) for r in results if r["seed"] in DEV_SEEDS})
-    return (f"{done} of {planned} development runs.\n\n"
+    runs = {(r["method_name"], r["staleness"], r["seed"]): r.get("provenance") or {}
+            for r in results if r["seed"] in DEV_SEEDS}
+    origins = Counter(f"{(p.get('commit') or '')[:7]} on {p.get('cpu') or 'an unrecorded CPU'}" for p in runs.values())
+    return (f"{len(runs)} of {planned} development runs "
+            f"({'; '.join(f'{n} from {where}' for where, n in sorted(origins.items()))}).\n\n"
             + score_table(results, [n for n in DEV_CONFIGS if any(r["method_name"] == n for r in results)])
             + f"\npreset: {preset or 'not yet (a candidate lacks runs)'}\n"
             + f"alternative: {alternative or 'not yet (a candidate lacks runs)'}\n")

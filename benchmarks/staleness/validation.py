@@ -9,7 +9,7 @@ ROOT holds one study folder per learning rate, `lr<LR>/results.jsonl` (run_study
 2. at that rate, each stale baseline (decoupled PPO, naive async) at each staleness minus sync, paired over seeds
    with a 95% interval. Staleness hurts in the regime when every such interval lies below zero.
 
-Pairs are counted side by side only when both records share commit and host (`provenance.same_origin`).
+Pairs are counted side by side only when both records share commit and machine (`provenance.same_origin`).
 """
 
 from __future__ import annotations

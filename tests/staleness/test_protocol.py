@@ -13,7 +13,7 @@ from benchmarks.staleness.run_study import METHODS
 from benchmarks.staleness.validation import best_lr, by_lr, staleness_rows
 
 REPO = Path(__file__).resolve().parents[2]
-ORIGIN = {"commit": "a" * 40, "dirty": False, "host": "h1"}
+ORIGIN = {"commit": "a" * 40, "dirty": False, "host": "h1", "cpu": "c1", "boot": "b1", "date": "2026-01-01T00:00:00"}
 
 
 def run(method, s, seed, final, lr=1e-4, origin=ORIGIN):
@@ -28,6 +28,15 @@ def test_provenance_names_the_commit_the_host_and_a_clean_or_dirty_tree():
     assert same_origin(ORIGIN, dict(ORIGIN))
     assert not same_origin(ORIGIN, {**ORIGIN, "host": "h2"}) and not same_origin(ORIGIN, {**ORIGIN, "commit": "b" * 40})
     assert not same_origin(ORIGIN, {**ORIGIN, "dirty": True}) and not same_origin(ORIGIN, None)  # archived: none
+    # virtual machines share host names: another boot or another CPU is another machine
+    assert not same_origin(ORIGIN, {**ORIGIN, "boot": "b2"}) and not same_origin(ORIGIN, {**ORIGIN, "cpu": "c2"})
+    assert same_origin(ORIGIN, {**ORIGIN, "date": "2026-01-02T00:00:00"})  # one boot, two study processes
+    # records from before boot ids: one study process (one `date`) or not side by side
+    old = {k: v for k, v in ORIGIN.items() if k != "boot"}
+    assert same_origin(old, dict(old)) and not same_origin(old, {**old, "date": "2026-01-02T00:00:00"})
+    assert not same_origin(old, {**ORIGIN, "date": "2026-01-02T00:00:00"})
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    assert p["boot"] == (boot.read_text().strip() if boot.exists() else None)
 
 
 def test_t_p_values_and_holm_by_hand():
@@ -98,7 +107,7 @@ def test_the_development_report_counts_sync_once_per_seed():
     results = [run("sync", 0, 0, 0.5), run("sync", 0, 1, 0.5), run("darl", 4, 0, 0.4), run("darl", 4, 0, 0.4),
                run("darl", 8, 0, 0.3), run("darl", 4, 99, 0.3)]  # a repeated record and a seed outside 0-7
     report = protocol.development_report(results)
-    assert report.startswith("4 of 344 development runs.")
+    assert report.startswith(f"4 of 344 development runs (4 from {'a' * 7} on c1).")  # where they ran, per CPU
     assert "| darl | 0.400 (1) | 0.300 (1) | - |" in report  # a score only once all 8 seeds ran
     assert "preset: not yet" in report
 

@@ -110,12 +110,21 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def boot_id() -> str | None:
+    """Linux's id of this boot (/proc/sys/kernel/random/boot_id), None elsewhere: virtual machines often share one
+    host name, while a boot id names one machine from its start to its shutdown."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def provenance() -> dict[str, Any]:
     """The code and machine a run comes from; `dirty` counts tracked changes only (outputs and caches are ignored);
     commit and dirty are None outside a git checkout."""
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
-            "host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count(),
+            "host": socket.gethostname(), "boot": boot_id(), "cpu": cpu_model(), "cores": os.cpu_count(),
             "python": platform.python_version(), "date": utc_now(), "argv": list(sys.argv)}
 
 
