@@ -6,6 +6,8 @@
         --out docs/evidence/pipeline_scarce                                             # again from the raw results
     python -m benchmarks.staleness.pipeline_report docs/evidence/pipeline_scarce/results.jsonl.gz runs/pipeline-sync \\
         --archive docs/evidence/pipeline_scarce                                         # add a later study's runs
+    python -m benchmarks.staleness.pipeline_report docs/evidence/pipeline_scarce/results.jsonl.gz \
+        --restore runs/pipeline-scarce                                                  # resume a study elsewhere
 
 A source is a run folder (TRAINER/seedS/CONFIG/metrics.jsonl, verl's file logger) or the archive
 `results.jsonl.gz` that `--archive` writes (several sources are merged; a run of a later source replaces one with
@@ -13,8 +15,8 @@ the same trainer, config and seed): one line per run, {"trainer", "config", "see
 logged steps, trimmed to the keys in KEEP], "launches": [each launch's provenance and versions], "resolved_config"}
 (the last two where the run recorded its launches). A pair counts as side by side when both runs ran every launch
 from one clean commit on one machine. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
-per trainer, greedy validation accuracy per seed, mean ± std, the paired difference to decoupled PPO and to
-`gates_only` (mean and 95% interval over paired seeds), generated samples to reach the same seed's decoupled final
+per trainer, greedy validation accuracy per seed, mean ± std, the paired difference to each configuration of
+`--versus` (decoupled PPO and `gates_only` unless told; mean and 95% interval over paired seeds), generated samples to reach the same seed's decoupled final
 accuracy, and the median step time over the second half of the run against decoupled's.
 """
 
@@ -129,7 +131,10 @@ def _side_by_side(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]]) ->
     return sum(same_origin(a[s]["origin"], b[s]["origin"]) for s in set(a) & set(b))
 
 
-def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128) -> str:
+VERSUS = ("decoupled", "gates_only")  # the paired comparisons of every row, unless told others
+
+
+def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128, versus: tuple[str, ...] = VERSUS) -> str:
     results = [as_result(r, samples_per_step) for r in runs]
     # a run still going (or cut short) has not reached the study's last evaluation: left out, and named
     last = max((r["evals"][-1]["step"] for r in results if r["evals"]), default=0)
@@ -152,9 +157,10 @@ def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128) -
         base_time = statistics.median(r["step_time"] for r in base.values()) if base else float("nan")
         lines += [f"## {trainer}", "",
                   "| config | what | final per seed | final, mean ± std | best, mean | lowest after start | "
-                  "minus decoupled, points (paired, [95% interval]) | minus gates_only | samples to decoupled's final "
-                  "(per seed) | step time (s, median) / decoupled's |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  + " | ".join(f"minus {v}" + (", points (paired, [95% interval])" if i == 0 else "")
+                               for i, v in enumerate(versus))
+                  + " | samples to decoupled's final (per seed) | step time (s, median) / decoupled's |",
+                  "|---|---|---|---|---|---|" + "---|" * (len(versus) + 2)]
         for c in configs:
             seeds = sorted(cell[c])
             reach = []
@@ -169,8 +175,8 @@ def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128) -
                 f"{_mean_std(list(final[c].values()))} | "
                 f"{statistics.mean(max(e['accuracy'] for e in cell[c][s]['evals']) for s in seeds):.3f} | "
                 f"{statistics.mean(min(e['accuracy'] for e in cell[c][s]['evals'][1:] or cell[c][s]['evals']) for s in seeds):.3f} | "
-                f"{_paired(final[c], final.get('decoupled', {}), _side_by_side(cell[c], base)) if c != 'decoupled' else '-'} | "
-                f"{_paired(final[c], final.get('gates_only', {}), _side_by_side(cell[c], cell.get('gates_only', {}))) if c != 'gates_only' else '-'} | "
+                + "".join(f"{_paired(final[c], final.get(v, {}), _side_by_side(cell[c], cell.get(v, {}))) if c != v else '-'} | "
+                          for v in versus) +
                 f"{', '.join(reach) or '-'} | "
                 f"{statistics.median(times):.2f} / {statistics.median(times) / base_time:.2f}x |")
         starts = sorted({round(r["initial_accuracy"], 4) for c in configs for r in cell[c].values()})
@@ -220,6 +226,24 @@ def archive(runs: list[dict[str, Any]], dest: Path) -> Path:
     return path
 
 
+def restore(runs: list[dict[str, Any]], out: Path) -> list[Path]:
+    """Archived runs back as run folders (OUT/TRAINER/seedS/CONFIG: metrics.jsonl, checkpoints/launches.jsonl) where
+    OUT has no such run, so that pipeline_check.sh counts them as done and its report includes them."""
+    written = []
+    for run in runs:
+        folder = out / run["trainer"] / f"seed{run['seed']}" / run["config"]
+        if (folder / "metrics.jsonl").exists():
+            continue
+        (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run["records"]))
+        launches = [{**x, "config": run.get("resolved_config") if i == 0 else None}
+                    for i, x in enumerate(run.get("launches", []))]
+        if launches:
+            (folder / "checkpoints" / LAUNCHES_FILE).write_text("".join(json.dumps(x) + "\n" for x in launches))
+        written.append(folder)
+    return written
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("source", type=Path, nargs="+",
@@ -227,13 +251,18 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, help="where summary.md and the figures go [the source folder, or the archive's]")
     p.add_argument("--archive", type=Path, help="also write the runs as ARCHIVE/results.jsonl.gz (and the report there)")
     p.add_argument("--samples-per-step", type=int, default=128, help="generated samples a step (prompts x group size)")
+    p.add_argument("--versus", nargs="+", default=list(VERSUS), help="configurations every row is compared with")
+    p.add_argument("--restore", type=Path, metavar="OUT", help="only write the runs back as run folders under OUT")
     args = p.parse_args(argv)
     runs = merge_runs(args.source)
+    if args.restore:
+        print(f"restored {len(restore(runs, args.restore))} of {len(runs)} archived runs into {args.restore}")
+        return 0
     if args.archive:
         print(f"archived {len(runs)} runs: {archive(runs, args.archive)}")
     first = args.source[0]
     out = args.out or args.archive or (first if first.is_dir() else first.parent)
-    print(report(runs, out, args.samples_per_step))
+    print(report(runs, out, args.samples_per_step, tuple(args.versus)))
     return 0
 
 

@@ -16,6 +16,7 @@ figures `two_axes_s4.png`, `two_axes_s8.png` beside the table (`two_axes_figure`
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any, Iterable
 
 from benchmarks.staleness.paired import holm, mean_std, paired
 from benchmarks.staleness.provenance import same_origin
-from benchmarks.staleness.run_study import load_results
+from benchmarks.staleness.run_study import METHODS, load_results, run_key
 
 DEV_SEEDS = tuple(range(8))
 HELDOUT_SEEDS = (1344, 1808, 2321, 4368, 5458, 6024, 6336, 6750, 7613, 8324, 9586, 9637)
@@ -59,13 +60,19 @@ def score(results: list[dict[str, Any]], name: str, seeds: Iterable[int] = DEV_S
     return statistics.fmean(means)
 
 
+def passes(name: str) -> int:
+    """Optimizer passes over each batch the configuration makes (run_study's `epochs`)."""
+    return int(METHODS[name].get("epochs", 1)) if name in METHODS else 1
+
+
 def choose(results: list[dict[str, Any]], candidates: Iterable[str], seeds: Iterable[int] = DEV_SEEDS) -> str | None:
-    """The candidate with the highest score (ties: the one listed first); None while any candidate is incomplete."""
+    """The candidate with the highest score (ties: fewer passes, then the one listed first); None while any candidate
+    is incomplete."""
     scores = {c: score(results, c, seeds) for c in candidates}
     if not scores or any(v is None for v in scores.values()):
         return None
     best = max(scores.values())
-    return next(c for c, v in scores.items() if v == best)
+    return min((c for c, v in scores.items() if v == best), key=passes)  # min keeps the first of equals
 
 
 def score_table(results: list[dict[str, Any]], names: Iterable[str], seeds: Iterable[int] = DEV_SEEDS) -> str:
@@ -140,7 +147,7 @@ AXES = ("samples", "updates", "wall")  # generated samples, gradient steps (opti
 def curve(run: dict[str, Any], axis: str) -> tuple[list[float], list[float]]:
     """(x, accuracy) at the run's evaluations; x on `axis` (updates: those done before the evaluation's step)."""
     if axis == "updates":
-        done = [sum(s["updates"] for s in run["steps"] if s["step"] < e["step"]) for e in run["evals"]]
+        done = [sum(s.get("updates", 0) for s in run["steps"] if s["step"] < e["step"]) for e in run["evals"]]  # skipped: 0
         return [float(x) for x in done], [e["accuracy"] for e in run["evals"]]
     return [float(e[axis]) for e in run["evals"]], [e["accuracy"] for e in run["evals"]]
 
@@ -224,12 +231,17 @@ def two_axes_figure(results: list[dict[str, Any]], names: Iterable[str], s: int,
     return path
 
 
+def _studies(root: Path, name: str) -> list[Path]:
+    """root/**/name outside `pipeline` folders (the pipeline stage's runs are verl logs, archived by pipeline_report)."""
+    return [p for p in sorted(root.rglob(name)) if "pipeline" not in p.relative_to(root).parts]
+
+
 def archive(out: Path, folder: Path) -> list[Path]:
     """Every OUT/**/results.jsonl as FOLDER/**/results.jsonl.gz (the study's raw runs, kept in the repository)."""
     import gzip
 
     written = []
-    for source in sorted(out.rglob("results.jsonl")):
+    for source in _studies(out, "results.jsonl"):
         target = folder / source.relative_to(out).with_suffix(".jsonl.gz")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(gzip.compress(source.read_bytes(), mtime=0))
@@ -238,17 +250,26 @@ def archive(out: Path, folder: Path) -> list[Path]:
 
 
 def restore(folder: Path, out: Path) -> list[Path]:
-    """The archived runs back into OUT where OUT has none yet, so that a study on a new machine resumes."""
+    """The archived runs OUT lacks appended to OUT's results, so that a study on a new machine resumes (a run is
+    one method, staleness, seed and setting: run_study's key)."""
     import gzip
 
     written = []
-    for packed in sorted(folder.rglob("results.jsonl.gz")):
+    for packed in _studies(folder, "results.jsonl.gz"):
         target = out / packed.relative_to(folder).with_suffix("")
-        if not target.exists():
+        have = {_key(r) for r in load_results(target)} if target.exists() else set()
+        lines = [line for line in gzip.decompress(packed.read_bytes()).decode().splitlines()
+                 if line.strip() and _key(json.loads(line)) not in have]
+        if lines:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(gzip.decompress(packed.read_bytes()))
+            with target.open("a") as f:
+                f.write("".join(line + "\n" for line in lines))
             written.append(target)
     return written
+
+
+def _key(result: dict[str, Any]) -> str:
+    return run_key(result["method_name"], result["staleness"], result["seed"], result.get("common", {}))
 
 
 def main(argv=None) -> int:

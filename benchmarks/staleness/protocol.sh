@@ -36,6 +36,15 @@ print(format(best_lr(by_lr(Path('$OUT/validation/$TASK'))), 'g'))")
 common=(--task "$TASK" --lr "$LR" --steps 50 --eval-every 10 --val-size 500 --minibatches 2 --jobs "$JOBS")
 echo "regime: $TASK at lr $LR"
 
+# the development stage's choice, recomputed from its runs (restored above on a new machine)
+chosen() {
+    "$PY" -m benchmarks.staleness.protocol choose "$OUT/$TASK/dev" --out "$OUT/$TASK/dev/choice.md" > /dev/null
+    PRESET=$(sed -n 's/^preset: \([a-z0-9_]*\)$/\1/p' "$OUT/$TASK/dev/choice.md")
+    ALT=$(sed -n 's/^alternative: \([a-z0-9_]*\)$/\1/p' "$OUT/$TASK/dev/choice.md")
+    [[ -n "$PRESET" && -n "$ALT" ]] || { echo "the development stage has not chosen yet: $OUT/$TASK/dev" >&2; exit 1; }
+    echo "preset: $PRESET, strongest simple alternative: $ALT"
+}
+
 if [[ "$STAGE" == dev ]]; then
     for s in 4 8; do  # s = 4 for every configuration and seed first, then s = 8
         "$PY" -m benchmarks.staleness.run_study --out "$OUT/$TASK/dev" "${common[@]}" --staleness "$s" \
@@ -43,23 +52,22 @@ if [[ "$STAGE" == dev ]]; then
     done
     "$PY" -m benchmarks.staleness.protocol choose "$OUT/$TASK/dev" --out "$OUT/$TASK/dev/choice.md"
 elif [[ "$STAGE" == heldout ]]; then
-    choice="$OUT/$TASK/dev/choice.md"
-    PRESET=$(sed -n 's/^preset: \([a-z0-9_]*\)$/\1/p' "$choice")
-    ALT=$(sed -n 's/^alternative: \([a-z0-9_]*\)$/\1/p' "$choice")
-    [[ -n "$PRESET" && -n "$ALT" ]] || { echo "the development stage has not chosen yet: $choice" >&2; exit 1; }
+    chosen
+    # seed by seed (run_study's order): every run of a seed, at s = 4 and 8, one after another on one machine
     "$PY" -m benchmarks.staleness.run_study --out "$OUT/$TASK/heldout" "${common[@]}" --staleness 4 8 \
         --seeds $(consts HELDOUT_SEEDS) --methods sync naive decoupled equal_update "$PRESET" "$ALT"
     "$PY" -m benchmarks.staleness.protocol headline "$OUT/$TASK/heldout" --preset "$PRESET" --alternative "$ALT" \
         --out "$OUT/$TASK/heldout/headline.md"
 elif [[ "$STAGE" == pipeline ]]; then
     # the same choice through the CPU launch scripts at the validated rate (protocol.md, section 4): one-step-off, and
-    # fully-async at staleness_threshold 4 with its on-policy run (sync) as the ceiling, every held-out seed
-    choice="$OUT/$TASK/dev/choice.md"
-    PRESET=$(sed -n 's/^preset: \([a-z0-9_]*\)$/\1/p' "$choice")
-    ALT=$(sed -n 's/^alternative: \([a-z0-9_]*\)$/\1/p' "$choice")
-    [[ -n "$PRESET" && -n "$ALT" ]] || { echo "the development stage has not chosen yet: $choice" >&2; exit 1; }
+    # fully-async at staleness_threshold 4 with its on-policy run (sync) as the ceiling, every held-out seed. Archived
+    # runs (`python -m benchmarks.staleness.pipeline_report OUT/TASK/pipeline --archive ARCHIVE/TASK/pipeline`) are
+    # restored first and count as done.
+    chosen
+    packed="${ARCHIVE:-docs/evidence/protocol}/$TASK/pipeline/results.jsonl.gz"
+    if [[ -f "$packed" ]]; then "$PY" -m benchmarks.staleness.pipeline_report "$packed" --restore "$OUT/$TASK/pipeline"; fi
     PYTHON="$PY" TASK="$TASK" LR="$LR" STALENESS_THRESHOLD=4 STEPS="${STEPS:-40}" SEEDS="$(consts HELDOUT_SEEDS)" \
-        TRAINERS="one_step_off fully_async" CONFIGS="sync decoupled $PRESET $ALT" \
+        TRAINERS="one_step_off fully_async" CONFIGS="sync decoupled $PRESET $ALT" VERSUS="decoupled $ALT sync" \
         bash "$here/pipeline_check.sh" "$OUT/$TASK/pipeline"
 else
     echo "STAGE must be dev, heldout or pipeline, got '$STAGE'" >&2; exit 1

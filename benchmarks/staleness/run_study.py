@@ -83,6 +83,21 @@ def run_key(method: str, staleness: int, seed: int, common: dict[str, Any]) -> s
     return json.dumps([method, staleness, seed, sorted(common.items())])
 
 
+def planned_runs(methods: list[str], stalenesses: list[int], seeds: list[int], common: dict[str, Any],
+                 done: set[str]) -> list[dict[str, Any]]:
+    """The runs still to do, seed by seed (all of a seed's runs one after another, so its pairs run side by side on
+    one machine), then staleness, then method; each once (sync runs at s = 0 whatever s is asked)."""
+    specs, seen = [], set(done)
+    for seed in seeds:
+        for s in stalenesses:
+            for m in methods:
+                key = run_key(m, cell_staleness(m, s), seed, common)
+                if key not in seen:
+                    seen.add(key)
+                    specs.append({"method_name": m, "staleness": cell_staleness(m, s), "seed": seed, "common": common})
+    return specs
+
+
 def load_results(path: Path) -> list[dict[str, Any]]:
     """The runs in OUT/results.jsonl, or in OUT/results.jsonl.gz (how docs/evidence keeps them)."""
     packed = path.with_name(path.name + ".gz")
@@ -336,14 +351,7 @@ def main(argv=None) -> int:
     if not args.report_only:
         done = {run_key(r["method_name"], r["staleness"], r["seed"], r["common"]) for r in load_results(results_file)
                 if "common" in r}
-        specs, seen = [], set(done)
-        for s in args.staleness:
-            for seed in args.seeds:
-                for m in args.methods:
-                    key = run_key(m, cell_staleness(m, s), seed, common)
-                    if key not in seen:
-                        seen.add(key)
-                        specs.append({"method_name": m, "staleness": cell_staleness(m, s), "seed": seed, "common": common})
+        specs = planned_runs(args.methods, args.staleness, args.seeds, common, done)
         print(f"{len(specs)} run(s) to do, results in {results_file}", flush=True)
         if specs:
             # build the cached example model once, before any worker needs it

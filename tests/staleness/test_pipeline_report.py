@@ -147,6 +147,41 @@ def test_sources_merge_and_a_later_run_replaces_an_earlier(tmp_path):
     assert "| `sync` | sync (decoupled, staleness 0) | 0.330 |" in text
 
 
+def test_restore_writes_archived_runs_back_as_run_folders_that_count_as_done(tmp_path):
+    _write_runs(tmp_path / "runs")
+    launch = {"provenance": {"commit": "a" * 40, "dirty": False, "host": "h", "cpu": "c", "boot": "b"},
+              "versions": {"verl": "0.9.1"}, "config": {"trainer": {"total_training_steps": 20}}}
+    ckpt = tmp_path / "runs" / "one_step_off" / "seed0" / "decoupled" / "checkpoints"
+    ckpt.mkdir()
+    (ckpt / "launches.jsonl").write_text(json.dumps(launch) + "\n")
+    assert main([str(tmp_path / "runs"), "--archive", str(tmp_path / "ev")]) == 0
+    packed = tmp_path / "ev" / "results.jsonl.gz"
+    # a new machine that already finished one run of its own: that one is kept, the other five come back
+    mine = tmp_path / "new" / "one_step_off" / "seed1" / "pmis_sg"
+    mine.mkdir(parents=True)
+    (mine / "metrics.jsonl").write_text(json.dumps({"step": 20, "data": {VAL_KEY: 0.9}}) + "\n")
+    assert main([str(packed), "--restore", str(tmp_path / "new")]) == 0
+    back = {(r["config"], r["seed"]): r for r in load_runs(tmp_path / "new")}
+    archived = {(r["config"], r["seed"]): r for r in load_runs(packed)}
+    assert back.keys() == archived.keys() and back[("pmis_sg", 1)]["records"] == [{"step": 20, "data": {VAL_KEY: 0.9}}]
+    for key in archived.keys() - {("pmis_sg", 1)}:
+        assert back[key] == archived[key], key  # records, launches and resolved config as archived
+    assert back[("decoupled", 0)]["launches"][0]["provenance"]["boot"] == "b"
+    # pipeline_check.sh's test for a finished run (its last step logged) holds for a restored one
+    assert '"step": 20' in (tmp_path / "new" / "one_step_off" / "seed0" / "decoupled" / "metrics.jsonl").read_text()
+
+
+def test_every_row_is_compared_with_the_configurations_asked(tmp_path):
+    _write_runs(tmp_path / "runs")
+    text = report(load_runs(tmp_path / "runs"), tmp_path / "out", 100, versus=("decoupled", "pmis_sg", "sync"))
+    assert "| minus decoupled, points (paired, [95% interval]) | minus pmis_sg | minus sync |" in text
+    row = next(x for x in text.splitlines() if x.startswith("| `gates_only`"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    # gates_only minus pmis_sg: -5, -6 -> -5.5 [-11.9, +0.9]; no sync runs: no difference
+    assert cells[7] == "-5.5 [-11.9, +0.9] (-5.0, -6.0; 0 of 2 side by side)" and cells[8] == "-"
+    assert text.count("|---|---|---|---|---|---|---|---|---|---|---|") == 1  # 11 columns
+
+
 @pytest.mark.parametrize("env,message", [
     ({"CONFIGS": "decoupld"}, "unknown config 'decoupld' in CONFIGS"),
     ({"TRAINERS": "one_step"}, "unknown trainer 'one_step' in TRAINERS"),

@@ -9,7 +9,7 @@ import pytest
 from benchmarks.staleness import protocol
 from benchmarks.staleness.paired import holm, paired, t975, t_two_sided_p
 from benchmarks.staleness.provenance import provenance, same_origin
-from benchmarks.staleness.run_study import METHODS
+from benchmarks.staleness.run_study import METHODS, run_key
 from benchmarks.staleness.validation import best_lr, by_lr, staleness_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def test_the_study_goes_on_only_in_a_validated_regime(tmp_path):
     assert not validated(tmp_path)
 
 
-def test_the_preset_is_chosen_by_the_development_score_and_ties_go_first():
+def test_the_preset_is_chosen_by_the_development_score_and_ties_go_to_fewer_passes_then_first():
     seeds = (0, 1)
     results = [run(m, s, x, f) for s in (4, 8) for x in seeds for m, f in
                (("darl", 0.5), ("darl_no_prompt", 0.6 if s == 4 else 0.45), ("darl_e2", 0.55))]
@@ -100,6 +100,10 @@ def test_the_preset_is_chosen_by_the_development_score_and_ties_go_first():
     assert protocol.choose(results, ("darl", "darl_k1"), seeds) is None
     tie = [run(m, s, x, 0.5) for s in (4, 8) for x in seeds for m in ("a", "b")]
     assert protocol.choose(tie, ("b", "a"), seeds) == "b"
+    # equal_update (two passes) is listed before icepop (one): a tie goes to icepop, then to the first listed
+    tie = [run(m, s, x, 0.5) for s in (4, 8) for x in seeds for m in ("equal_update", "icepop", "uniform_replay")]
+    assert protocol.passes("equal_update") == 2 and protocol.passes("icepop") == 1
+    assert protocol.choose(tie, ("equal_update", "icepop", "uniform_replay"), seeds) == "icepop"
 
 
 def test_the_development_report_counts_sync_once_per_seed():
@@ -154,6 +158,27 @@ def test_archive_and_restore_keep_every_run(tmp_path):
     assert len(protocol.restore(tmp_path / "archive", fresh)) == 2
     assert (fresh / "validation" / "scarce" / "lr0.0002" / "results.jsonl").read_text() == one.read_text()
     assert protocol.restore(tmp_path / "archive", fresh) == []  # runs already there are never overwritten
+    # a machine that holds some runs of its own gets the archived runs it lacks, each once
+    dev = fresh / "scarce" / "dev" / "results.jsonl"
+    dev.write_text(json.dumps(run("naive", 4, 1, 0.3)) + "\n")
+    assert protocol.restore(tmp_path / "archive", fresh) == [dev]
+    assert protocol.restore(tmp_path / "archive", fresh) == []
+    assert sorted(r["method_name"] for r in protocol.load_results(dev)) == ["darl", "naive"]
+    # the pipeline stage's runs are verl logs, archived by pipeline_report: never touched here
+    (out / "scarce" / "pipeline").mkdir()
+    (out / "scarce" / "pipeline" / "results.jsonl").write_text("{}\n")
+    assert all("pipeline" not in p.parts for p in protocol.archive(out, tmp_path / "archive"))
+
+
+def test_the_study_runs_a_seed_at_every_staleness_before_the_next_seed():
+    from benchmarks.staleness.run_study import planned_runs
+
+    common = {"lr": 2e-4}
+    done = {run_key("naive", 4, 1, common)}
+    plan = [(r["seed"], r["staleness"], r["method_name"])
+            for r in planned_runs(["sync", "naive"], [4, 8], [1, 2], common, done)]
+    # sync runs at s = 0 once per seed; naive s = 4 seed 1 is done
+    assert plan == [(1, 0, "sync"), (1, 8, "naive"), (2, 0, "sync"), (2, 4, "naive"), (2, 8, "naive")]
 
 
 def test_accuracy_at_equal_samples_gradient_steps_and_wall_time_by_hand(tmp_path):
@@ -170,6 +195,8 @@ def test_accuracy_at_equal_samples_gradient_steps_and_wall_time_by_hand(tmp_path
     one = curve_run("decoupled", 1, [0.0, 50.0, 100.0], [0.2, 0.4, 0.6])
     two = curve_run("equal_update", 2, [0.0, 80.0, 160.0], [0.2, 0.5, 0.7])
     assert protocol.curve(two, "updates") == ([0.0, 20.0, 40.0], [0.2, 0.5, 0.7])
+    skipped = {**two, "steps": [{"step": 0, "skipped": True}] + two["steps"][1:]}  # a skipped step has no updates
+    assert protocol.curve(skipped, "updates")[0] == [0.0, 18.0, 38.0]
     assert protocol.accuracy_at(one, "updates", 20) == 0.6 and protocol.accuracy_at(two, "updates", 20) == 0.5
     assert protocol.accuracy_at(two, "wall", 100) == pytest.approx(0.55)
     one["step_time_mean"], two["step_time_mean"] = 5.0, 8.0
