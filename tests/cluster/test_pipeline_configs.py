@@ -26,18 +26,21 @@ def composed(tmp_path_factory):
     env = base_env(tmp)
     env.update(MODEL_PATH=str(tmp / "model"), TRAIN_FILES=str(tmp / "data/math/train.parquet"),
                VAL_FILES=str(tmp / "data/math500/test.parquet"))
-    jobs, names = [], []
-    for name in DEV_CONFIGS:
+    jobs, keys = [], []
+    for trainer, name in CELLS:
         script, overrides, extra = launch(name)
-        trainer = "fully_async" if extra else "one_step_off"  # sync holds the fully-async rollouter at staleness 0
         jobs.append((SHELLS / "cpu" / f"{trainer}_grpo_tiny_arith_cpu_replay_4_{script}.sh", overrides, {**env, **extra}))
-        names.append(name)
-    return dict(zip(names, compose(jobs)))
+        keys.append((trainer, name))
+    return dict(zip(keys, compose(jobs)))
 
 
-@pytest.mark.parametrize("name", DEV_CONFIGS)
-def test_a_study_configuration_through_the_launch_scripts_is_the_harness_configuration(composed, name):
-    cfg, spec = composed[name], METHODS[name]
+# the pipeline stage runs its configurations through both trainers; sync holds the fully-async rollouter at staleness 0
+CELLS = [(t, n) for n in DEV_CONFIGS for t in ("one_step_off", "fully_async") if t == "fully_async" or n != "sync"]
+
+
+@pytest.mark.parametrize("trainer,name", CELLS)
+def test_a_study_configuration_through_the_launch_scripts_is_the_harness_configuration(composed, trainer, name):
+    cfg, spec = composed[(trainer, name)], METHODS[name]
     replay = ReplayConfig.from_dict(cfg["replay"])
     assert cfg["actor_rollout_ref"]["actor"]["ppo_epochs"] == spec.get("epochs", 1)
     corr = cfg["algorithm"]["rollout_correction"]
