@@ -6,7 +6,7 @@
         --out docs/evidence/pipeline_scarce                                             # again from the raw results
     python -m benchmarks.staleness.pipeline_report docs/evidence/pipeline_scarce/results.jsonl.gz runs/pipeline-sync \\
         --archive docs/evidence/pipeline_scarce                                         # add a later study's runs
-    python -m benchmarks.staleness.pipeline_report docs/evidence/pipeline_scarce/results.jsonl.gz \
+    python -m benchmarks.staleness.pipeline_report docs/evidence/pipeline_scarce/results.jsonl.gz \\
         --restore runs/pipeline-scarce                                                  # resume a study elsewhere
 
 A source is a run folder (TRAINER/seedS/CONFIG/metrics.jsonl, verl's file logger) or the archive
@@ -16,8 +16,9 @@ logged steps, trimmed to the keys in KEEP], "launches": [each launch's provenanc
 (the last two where the run recorded its launches). A pair counts as side by side when both runs ran every launch
 from one clean commit on one machine. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
 per trainer, greedy validation accuracy per seed, mean ± std, the paired difference to each configuration of
-`--versus` (decoupled PPO and `gates_only` unless told; mean and 95% interval over paired seeds), generated samples to reach the same seed's decoupled final
-accuracy, and the median step time over the second half of the run against decoupled's.
+`--versus` (decoupled PPO and `gates_only` unless told; mean and 95% interval over paired seeds), generated samples
+to reach the same seed's decoupled final accuracy, and the median step time over the second half of the run against
+decoupled's.
 """
 
 from __future__ import annotations
@@ -236,9 +237,9 @@ def restore(runs: list[dict[str, Any]], out: Path) -> list[Path]:
             continue
         (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run["records"]))
-        launches = [{**x, "config": run.get("resolved_config") if i == 0 else None}
-                    for i, x in enumerate(run.get("launches", []))]
-        if launches:
+        launches = list(run.get("launches", []))
+        if launches:  # launches.jsonl's lines; the first holds the resolved config (`_launches` reads it there)
+            launches[0] = {**launches[0], "config": run.get("resolved_config")}
             (folder / "checkpoints" / LAUNCHES_FILE).write_text("".join(json.dumps(x) + "\n" for x in launches))
         written.append(folder)
     return written
