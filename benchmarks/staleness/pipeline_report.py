@@ -99,8 +99,21 @@ def merge_runs(sources: list[Path]) -> list[dict[str, Any]]:
     return list(runs.values())
 
 
-def as_result(run: dict[str, Any], samples_per_step: int) -> dict[str, Any]:
-    """One run as run_study's result shape: evals [{step, samples, wall, accuracy}], step times, finals."""
+def samples_per_step(run: dict[str, Any], default: int) -> int:
+    """Generated samples a trainer step, from the run's resolved config (prompts x group size; a fully-async step
+    takes require_batches mini-batches, its data.train_batch_size is 0); DEFAULT for runs without a launch record."""
+    cfg = run.get("resolved_config")
+    if not cfg:
+        return default
+    actor = cfg["actor_rollout_ref"]
+    prompts = cfg["data"]["train_batch_size"] or actor["actor"]["ppo_mini_batch_size"] * cfg["async_training"]["require_batches"]
+    return int(prompts) * int(actor["rollout"]["n"])
+
+
+def as_result(run: dict[str, Any], default_samples: int) -> dict[str, Any]:
+    """One run as run_study's result shape: evals [{step, samples, wall, accuracy}], step times, finals; samples a
+    step from the run's config (DEFAULT_SAMPLES for runs without one)."""
+    per_step = samples_per_step(run, default_samples)
     wall, step_times, evals = 0.0, [], []
     for rec in sorted(run["records"], key=lambda r: r["step"]):
         t = rec["data"].get(STEP_TIME)
@@ -108,10 +121,11 @@ def as_result(run: dict[str, Any], samples_per_step: int) -> dict[str, Any]:
             wall += t
             step_times.append(float(t))
         if VAL_KEY in rec["data"]:
-            evals.append({"step": rec["step"], "samples": rec["step"] * samples_per_step, "wall": wall,
+            evals.append({"step": rec["step"], "samples": rec["step"] * per_step, "wall": wall,
                           "accuracy": float(rec["data"][VAL_KEY])})
     late = sorted(step_times[len(step_times) // 2:])
     return {**{k: run[k] for k in ("trainer", "config", "seed")}, "evals": evals, "origin": origin(run),
+            "samples_per_step": per_step,
             "initial_accuracy": evals[0]["accuracy"] if evals else float("nan"),
             "final_accuracy": evals[-1]["accuracy"] if evals else float("nan"),
             "step_time": late[len(late) // 2] if late else float("nan")}
@@ -143,7 +157,8 @@ def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128, v
     results = [r for r in results if r not in partial]
     trainers = sorted({r["trainer"] for r in results})
     lines = ["# The study through the verl pipeline", "",
-             f"Greedy validation accuracy; {samples_per_step} generated samples a step; finals at the last evaluation "
+             f"Greedy validation accuracy; {'/'.join(map(str, sorted({r['samples_per_step'] for r in results})))} "
+             f"generated samples a step; finals at the last evaluation "
              f"(step {last})."
              + (" Not finished, left out: " + ", ".join(f"{r['trainer']}/{r['config']}/seed {r['seed']}" for r in partial)
                 + "." if partial else ""), ""]
@@ -179,7 +194,8 @@ def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128, v
                 + "".join(f"{_paired(final[c], final.get(v, {}), _side_by_side(cell[c], cell.get(v, {}))) if c != v else '-'} | "
                           for v in versus) +
                 f"{', '.join(reach) or '-'} | "
-                f"{statistics.median(times):.2f} / {statistics.median(times) / base_time:.2f}x |")
+                f"{statistics.median(times):.2f} / "
+                + (f"{statistics.median(times) / base_time:.2f}x |" if base else "- |"))
         starts = sorted({round(r["initial_accuracy"], 4) for c in configs for r in cell[c].values()})
         collapses = {c: sum(collapse_events(r["evals"]) for r in cell[c].values()) for c in configs}
         lines += ["", f"Start accuracy (step 0): {', '.join(f'{s:.3f}' for s in starts)}. "
@@ -251,7 +267,8 @@ def main(argv=None) -> int:
                    help="pipeline_check.sh output folders or results.jsonl.gz archives (merged; later ones win)")
     p.add_argument("--out", type=Path, help="where summary.md and the figures go [the source folder, or the archive's]")
     p.add_argument("--archive", type=Path, help="also write the runs as ARCHIVE/results.jsonl.gz (and the report there)")
-    p.add_argument("--samples-per-step", type=int, default=128, help="generated samples a step (prompts x group size)")
+    p.add_argument("--samples-per-step", type=int, default=128,
+                   help="generated samples a step for runs without a launch record (others: their resolved config)")
     p.add_argument("--versus", nargs="+", default=list(VERSUS), help="configurations every row is compared with")
     p.add_argument("--restore", type=Path, metavar="OUT", help="only write the runs back as run folders under OUT")
     args = p.parse_args(argv)

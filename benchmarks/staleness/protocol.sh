@@ -59,14 +59,17 @@ elif [[ "$STAGE" == heldout ]]; then
     "$PY" -m benchmarks.staleness.protocol headline "$OUT/$TASK/heldout" --preset "$PRESET" --alternative "$ALT" \
         --out "$OUT/$TASK/heldout/headline.md"
 elif [[ "$STAGE" == pipeline ]]; then
-    # the same choice through the CPU launch scripts at the validated rate (protocol.md, section 4): one-step-off, and
-    # fully-async at staleness_threshold 4 with its on-policy run (sync) as the ceiling, every held-out seed. Archived
-    # runs (`python -m benchmarks.staleness.pipeline_report OUT/TASK/pipeline --archive ARCHIVE/TASK/pipeline`) are
-    # restored first and count as done.
+    # the same choice through the CPU launch scripts at the validated rate and the harness's batch (protocol.md,
+    # section 4: 32 prompts x 8 a step in 2 mini-batches, 50 steps; at the scripts' own 16 prompts in mini-batches of
+    # 8, on-policy training collapses at this rate): one-step-off, and fully-async at staleness_threshold 4 with its
+    # on-policy run (sync) as the ceiling, every held-out seed. Archived runs (`python -m
+    # benchmarks.staleness.pipeline_report OUT/TASK/pipeline --archive ARCHIVE/TASK/pipeline`) are restored first and
+    # count as done.
     chosen
     packed="${ARCHIVE:-docs/evidence/protocol}/$TASK/pipeline/results.jsonl.gz"
     if [[ -f "$packed" ]]; then "$PY" -m benchmarks.staleness.pipeline_report "$packed" --restore "$OUT/$TASK/pipeline"; fi
-    PYTHON="$PY" TASK="$TASK" LR="$LR" STALENESS_THRESHOLD=4 STEPS="${STEPS:-40}" SEEDS="$(consts HELDOUT_SEEDS)" \
+    PYTHON="$PY" TASK="$TASK" LR="$LR" TRAIN_BATCH_SIZE=32 MINI_BATCH_SIZE=16 STALENESS_THRESHOLD=4 STEPS=50 \
+        SEEDS="$(consts HELDOUT_SEEDS)" \
         TRAINERS="one_step_off fully_async" CONFIGS="sync decoupled $PRESET $ALT" VERSUS="decoupled $ALT sync" \
         bash "$here/pipeline_check.sh" "$OUT/$TASK/pipeline"
 else

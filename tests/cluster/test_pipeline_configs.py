@@ -5,6 +5,8 @@ preparation, to the replay settings the harness trains with, the same number of 
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 from cluster_helpers import SHELLS, base_env, compose
@@ -12,7 +14,7 @@ from cluster_helpers import SHELLS, base_env, compose
 from benchmarks.staleness.harness import HarnessConfig
 from benchmarks.staleness.pipeline_configs import launch
 from benchmarks.staleness.protocol import DEV_CONFIGS
-from benchmarks.staleness.run_study import METHODS
+from benchmarks.staleness.run_study import METHODS, parse_args
 from recipe.darl.core.config import PRESET, ReplayConfig
 
 
@@ -25,7 +27,7 @@ def composed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline_configs")
     env = base_env(tmp)
     env.update(MODEL_PATH=str(tmp / "model"), TRAIN_FILES=str(tmp / "data/math/train.parquet"),
-               VAL_FILES=str(tmp / "data/math500/test.parquet"))
+               VAL_FILES=str(tmp / "data/math500/test.parquet"), **STAGE_BATCH)
     jobs, keys = [], []
     for trainer, name in CELLS:
         script, overrides, extra = launch(name)
@@ -33,6 +35,12 @@ def composed(tmp_path_factory):
         keys.append((trainer, name))
     return dict(zip(keys, compose(jobs)))
 
+
+# the batch protocol.sh's pipeline stage hands the launch scripts, and the development stage's harness arguments
+PROTOCOL_SH = (Path(__file__).resolve().parents[2] / "benchmarks" / "staleness" / "protocol.sh").read_text()
+STAGE_BATCH = dict(re.findall(r"\b(TRAIN_BATCH_SIZE|MINI_BATCH_SIZE|STEPS)=(\d+)", PROTOCOL_SH.split("STAGE\" == pipeline")[1]))
+HARNESS = parse_args(["--out", "x", *re.search(r"common=\((.*?)\)", PROTOCOL_SH).group(1).replace('"$TASK"', "scarce")
+                      .replace('"$LR"', "1").replace('"$JOBS"', "1").split()])
 
 # the pipeline stage runs its configurations through both trainers; sync holds the fully-async rollouter at staleness 0
 CELLS = [(t, n) for n in DEV_CONFIGS for t in ("one_step_off", "fully_async") if t == "fully_async" or n != "sync"]
@@ -55,6 +63,18 @@ def test_a_study_configuration_through_the_launch_scripts_is_the_harness_configu
         assert corr["rollout_is"] == "token" and corr["rollout_is_threshold"] == 2.0  # C = 2, as the harness
     if spec.get("staleness") == 0:
         assert cfg["async_training"]["staleness_threshold"] == 0 and cfg["async_training"]["partial_rollout"] is False
+
+
+@pytest.mark.parametrize("trainer", ["one_step_off", "fully_async"])
+def test_the_pipeline_stage_trains_on_the_harness_batch(composed, trainer):
+    """Prompts a step, prompts an optimizer step, group size and steps as the development stage's harness runs:
+    the launch scripts' own batch (16 prompts in mini-batches of 8) does not train at the validated rate."""
+    cfg = composed[(trainer, "decoupled")]
+    mini = cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]
+    prompts = cfg["data"]["train_batch_size"] or mini * cfg["async_training"]["require_batches"]
+    assert (prompts, mini, cfg["actor_rollout_ref"]["rollout"]["n"]) == (
+        HARNESS.prompts, HARNESS.prompts // HARNESS.minibatches, HARNESS.n)
+    assert int(STAGE_BATCH["STEPS"]) == HARNESS.steps
 
 
 def test_an_unknown_name_is_refused():

@@ -82,7 +82,7 @@ def test_pairs_count_as_side_by_side_only_from_one_clean_commit_on_one_host(tmp_
         folder = tmp_path / "runs" / "one_step_off" / f"seed{seed}" / cfg / "checkpoints"
         folder.mkdir()
         folder.joinpath("launches.jsonl").write_text("".join(
-            json.dumps({"provenance": p, "versions": {"verl": "0.9.1"}, "config": {"seed": seed}}) + "\n"
+            json.dumps({"provenance": p, "versions": {"verl": "0.9.1"}, "config": _config(seed, 16)}) + "\n"
             for p in launches.get((cfg, seed), [here])))
     runs = load_runs(tmp_path / "runs")
     text = report(runs, tmp_path / "out", samples_per_step=100)
@@ -92,8 +92,34 @@ def test_pairs_count_as_side_by_side_only_from_one_clean_commit_on_one_host(tmp_
     assert row["`pmis_sg`"][7].endswith("; 0 of 2 side by side)")
     archive(runs, tmp_path / "ev")
     kept = [json.loads(x) for x in gzip.decompress((tmp_path / "ev" / "results.jsonl.gz").read_bytes()).splitlines()]
-    assert all(r["launches"][0]["versions"] == {"verl": "0.9.1"} and r["resolved_config"] == {"seed": r["seed"]}
+    assert all(r["launches"][0]["versions"] == {"verl": "0.9.1"} and r["resolved_config"] == _config(r["seed"], 16)
                for r in kept)
+
+
+def _config(seed: int, prompts: int, mini: int = 8, require: int = 2) -> dict:
+    """The keys of a resolved config that give a step's samples (fully-async's data.train_batch_size is 0)."""
+    return {"seed": seed, "data": {"train_batch_size": prompts}, "async_training": {"require_batches": require},
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini}, "rollout": {"n": 8}}}
+
+
+def test_samples_a_step_come_from_each_runs_config(tmp_path):
+    """One-step-off: prompts x group size; fully-async (train_batch_size 0): require_batches mini-batches a step;
+    a run without a launch record: the default. The samples axis and the header follow."""
+    from benchmarks.staleness.pipeline_report import as_result, samples_per_step
+
+    assert samples_per_step({"resolved_config": _config(0, 32)}, 128) == 256
+    assert samples_per_step({"resolved_config": _config(0, 0, mini=16, require=2)}, 128) == 256
+    assert samples_per_step({"resolved_config": _config(0, 0, mini=8, require=2)}, 999) == 128
+    assert samples_per_step({}, 100) == 100
+    _write_runs(tmp_path / "runs")
+    runs = load_runs(tmp_path / "runs")
+    for run in runs:
+        if run["config"] != "decoupled":
+            run["resolved_config"] = _config(run["seed"], 32)
+    by = {(r["config"], r["seed"]): as_result(r, 100) for r in runs}
+    assert by[("pmis_sg", 0)]["evals"][-1]["samples"] == 20 * 256
+    assert by[("decoupled", 0)]["evals"][-1]["samples"] == 20 * 100
+    assert "; 100/256 generated samples a step;" in report(runs, tmp_path / "out", 100)
 
 
 def test_a_run_still_going_is_left_out_and_named(tmp_path):
@@ -150,7 +176,7 @@ def test_sources_merge_and_a_later_run_replaces_an_earlier(tmp_path):
 def test_restore_writes_archived_runs_back_as_run_folders_that_count_as_done(tmp_path):
     _write_runs(tmp_path / "runs")
     launch = {"provenance": {"commit": "a" * 40, "dirty": False, "host": "h", "cpu": "c", "boot": "b"},
-              "versions": {"verl": "0.9.1"}, "config": {"trainer": {"total_training_steps": 20}}}
+              "versions": {"verl": "0.9.1"}, "config": {**_config(0, 16), "trainer": {"total_training_steps": 20}}}
     ckpt = tmp_path / "runs" / "one_step_off" / "seed0" / "decoupled" / "checkpoints"
     ckpt.mkdir()
     (ckpt / "launches.jsonl").write_text(json.dumps(launch) + "\n")
