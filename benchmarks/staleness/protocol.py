@@ -29,6 +29,9 @@ from benchmarks.staleness.run_study import METHODS, load_results, run_key
 DEV_SEEDS = tuple(range(8))
 HELDOUT_SEEDS = (1344, 1808, 2321, 4368, 5458, 6024, 6336, 6750, 7613, 8324, 9586, 9637)
 STALENESS = (4, 8)
+# what the held-out stage runs besides the preset and the alternative; gates_only (the preset's controls without
+# replay) gives replay's own share on held-out seeds, a secondary comparison
+HELDOUT_BASELINES = ("sync", "naive", "decoupled", "equal_update", "gates_only")
 DARL_CONFIGS = ("darl", "darl_no_prompt", "darl_k1", "darl_own", "darl_tokens", "darl_newest")
 DARL_CANDIDATES = DARL_CONFIGS + tuple(f"{c}_e2" for c in DARL_CONFIGS)
 SIMPLE_CANDIDATES = ("equal_update", "icepop", "uniform_replay", "uniform_replay_e2", "decoupled_prompt", "decoupled_prompt_e2")
@@ -115,7 +118,8 @@ def _pair(cells, s: int, a: str, b: str) -> dict[str, Any]:
 
 def headline(results: list[dict[str, Any]], preset: str, alternative: str,
              seeds: Iterable[int] = HELDOUT_SEEDS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The four Holm-adjusted comparisons, and the secondary rows (preset minus naive, equal_update and sync)."""
+    """The four Holm-adjusted comparisons, and the secondary rows (preset minus naive, equal_update, gates_only and
+    sync)."""
     cells = _finals(results, seeds)
     family = [_pair(cells, s, preset, b) for b in ("decoupled", alternative) for s in STALENESS]
     for row, adj in zip(family, holm([r["diff"].p if r["diff"].n > 1 else 1.0 for r in family])):
@@ -124,8 +128,8 @@ def headline(results: list[dict[str, Any]], preset: str, alternative: str,
             row["verdict"] = "not separated"
         else:
             row["verdict"] = "supported" if row["diff"].mean > 0 else "refuted"
-    secondary = [_pair(cells, s, preset, b) for b in ("naive", "equal_update", "sync") for s in STALENESS
-                 if b not in (alternative,)]
+    secondary = [_pair(cells, s, preset, b) for b in HELDOUT_BASELINES if b not in ("decoupled", alternative)
+                 for s in STALENESS]
     return family, [r for r in secondary if r["diff"].n > 0]
 
 
@@ -297,7 +301,7 @@ def main(argv=None) -> int:
     if args.command == "choose":
         text = development_report(results)
     else:
-        names = ("sync", "naive", "decoupled", "equal_update", args.preset, args.alternative)
+        names = (*HELDOUT_BASELINES, args.preset, args.alternative)
         text = (headline_table(*headline(results, args.preset, args.alternative)) + "\n"
                 + "\n".join(two_axes(results, dict.fromkeys(names), s, HELDOUT_SEEDS) for s in STALENESS))
         for s in STALENESS:  # the same comparison as figures, beside the table

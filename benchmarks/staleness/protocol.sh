@@ -55,7 +55,7 @@ elif [[ "$STAGE" == heldout ]]; then
     chosen
     # seed by seed (run_study's order): every run of a seed, at s = 4 and 8, one after another on one machine
     "$PY" -m benchmarks.staleness.run_study --out "$OUT/$TASK/heldout" "${common[@]}" --staleness 4 8 \
-        --seeds $(consts HELDOUT_SEEDS) --methods sync naive decoupled equal_update "$PRESET" "$ALT"
+        --seeds $(consts HELDOUT_SEEDS) --methods $(consts HELDOUT_BASELINES) "$PRESET" "$ALT"
     "$PY" -m benchmarks.staleness.protocol headline "$OUT/$TASK/heldout" --preset "$PRESET" --alternative "$ALT" \
         --out "$OUT/$TASK/heldout/headline.md"
 elif [[ "$STAGE" == pipeline ]]; then

@@ -123,14 +123,16 @@ def test_the_headline_is_four_comparisons_with_holm():
         for x in seeds:
             results += [run("darl", s, x, 0.60 + 0.01 * x), run("decoupled", s, x, 0.40 + 0.012 * x),
                         run("equal_update", s, x, 0.60 + 0.01 * x + (0.02 if x % 2 else -0.02)),
-                        run("naive", s, x, 0.2)]
+                        run("naive", s, x, 0.2), run("gates_only", s, x, 0.5)]
     results += [run("sync", 0, x, 0.55) for x in seeds]
     family, secondary = protocol.headline(results, "darl", "equal_update", seeds)
     assert [(r["s"], r["b"]) for r in family] == [(4, "decoupled"), (8, "decoupled"), (4, "equal_update"),
                                                   (8, "equal_update")]
     assert [r["verdict"] for r in family] == ["supported", "supported", "not separated", "not separated"]
     assert all(r["p_holm"] >= r["diff"].p for r in family)
-    assert {(r["b"]) for r in secondary} == {"naive", "sync"}  # equal_update is the alternative: in the family
+    # equal_update is the alternative: in the family, not among the secondary rows
+    assert [(r["s"], r["b"]) for r in secondary] == [(s, b) for b in ("sync", "naive", "gates_only") for s in (4, 8)]
+    assert secondary[4]["diff"].mean == pytest.approx(0.60 + 0.025 - 0.5)  # darl minus gates_only, mean over seeds
     assert "p, Holm" in protocol.headline_table(family, secondary)
 
 
