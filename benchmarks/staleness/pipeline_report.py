@@ -12,8 +12,8 @@
 A source is a run folder (TRAINER/seedS/CONFIG/metrics.jsonl, verl's file logger) or the archive
 `results.jsonl.gz` that `--archive` writes (several sources are merged; a run of a later source replaces one with
 the same trainer, config and seed): one line per run, {"trainer", "config", "seed", "records": [verl's
-logged steps, trimmed to the keys in KEEP], "launches": [each launch's provenance and versions], "resolved_config"}
-(the last two where the run recorded its launches). A pair counts as side by side when both runs ran every launch
+logged steps, trimmed to the keys in KEEP], "launches": [each launch's provenance and versions], "provenance" (the
+first launch's), "resolved_config"} (the last three where the run recorded its launches). A pair counts as side by side when both runs ran every launch
 from one clean commit on one machine. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
 per trainer, greedy validation accuracy per seed, mean ± std, the paired difference to each configuration of
 `--versus` (decoupled PPO and `gates_only` unless told; mean and 95% interval over paired seeds), generated samples
@@ -73,13 +73,14 @@ def load_runs(source: Path) -> list[dict[str, Any]]:
 
 def _launches(cfg_dir: Path) -> dict[str, Any]:
     """The run's launch records (recipe/darl/robustness/run_records.py): each launch's provenance and versions, and
-    the first launch's resolved config; {} for runs made before launches were recorded."""
+    the first launch's provenance (where the run started, as the harness's records carry it) and resolved config;
+    {} for runs made before launches were recorded."""
     path = cfg_dir / "checkpoints" / LAUNCHES_FILE
     if not path.exists():
         return {}
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return {"launches": [{k: x[k] for k in ("provenance", "versions")} for x in lines],
-            "resolved_config": lines[0]["config"]} if lines else {}
+            "provenance": lines[0]["provenance"], "resolved_config": lines[0]["config"]} if lines else {}
 
 
 def origin(run: dict[str, Any]) -> dict[str, Any] | None:

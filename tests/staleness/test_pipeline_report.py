@@ -94,6 +94,9 @@ def test_pairs_count_as_side_by_side_only_from_one_clean_commit_on_one_host(tmp_
     kept = [json.loads(x) for x in gzip.decompress((tmp_path / "ev" / "results.jsonl.gz").read_bytes()).splitlines()]
     assert all(r["launches"][0]["versions"] == {"verl": "0.9.1"} and r["resolved_config"] == _config(r["seed"], 16)
                for r in kept)
+    # each archived run says where it started: the first launch's commit and host
+    assert {(r["config"], r["seed"]): r["provenance"]["host"] for r in kept}[("gates_only", 1)] == "node2"
+    assert all(r["provenance"]["commit"] == "a" * 40 for r in kept)
 
 
 def _config(seed: int, prompts: int, mini: int = 8, require: int = 2) -> dict:
