@@ -13,8 +13,8 @@ A source is a run folder (TRAINER/seedS/CONFIG/metrics.jsonl, verl's file logger
 `results.jsonl.gz` that `--archive` writes (several sources are merged; a run of a later source replaces one with
 the same trainer, config and seed): one line per run, {"trainer", "config", "seed", "records": [verl's
 logged steps, trimmed to the keys in KEEP], "launches": [each launch's provenance and versions], "provenance" (the
-first launch's), "resolved_config"} (the last three where the run recorded its launches). A pair counts as side by side when both runs ran every launch
-from one clean commit on one machine. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
+first launch's), "resolved_config"} (the last three where the run recorded its launches). A pair counts as side by
+side when both runs ran every launch from one clean commit on one machine. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
 per trainer, greedy validation accuracy per seed, mean ± std, the paired difference to each configuration of
 `--versus` (decoupled PPO and `gates_only` unless told; mean and 95% interval over paired seeds), generated samples
 to reach the same seed's decoupled final accuracy, and the median step time over the second half of the run against
@@ -107,7 +107,8 @@ def samples_per_step(run: dict[str, Any], default: int) -> int:
     if not cfg:
         return default
     actor = cfg["actor_rollout_ref"]
-    prompts = cfg["data"]["train_batch_size"] or actor["actor"]["ppo_mini_batch_size"] * cfg["async_training"]["require_batches"]
+    prompts = (cfg["data"]["train_batch_size"]
+               or actor["actor"]["ppo_mini_batch_size"] * cfg["async_training"]["require_batches"])
     return int(prompts) * int(actor["rollout"]["n"])
 
 
@@ -157,9 +158,9 @@ def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128, v
     partial = [r for r in results if not r["evals"] or r["evals"][-1]["step"] < last]
     results = [r for r in results if r not in partial]
     trainers = sorted({r["trainer"] for r in results})
+    per_step = "/".join(map(str, sorted({r["samples_per_step"] for r in results})))
     lines = ["# The study through the verl pipeline", "",
-             f"Greedy validation accuracy; {'/'.join(map(str, sorted({r['samples_per_step'] for r in results})))} "
-             f"generated samples a step; finals at the last evaluation "
+             f"Greedy validation accuracy; {per_step} generated samples a step; finals at the last evaluation "
              f"(step {last})."
              + (" Not finished, left out: " + ", ".join(f"{r['trainer']}/{r['config']}/seed {r['seed']}" for r in partial)
                 + "." if partial else ""), ""]
@@ -171,7 +172,7 @@ def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128, v
         configs = [c for c in ORDER if c in cell] + sorted(c for c in cell if c not in ORDER)
         final = {c: {s: r["final_accuracy"] for s, r in cell[c].items()} for c in configs}
         base = cell.get("decoupled", {})
-        base_time = statistics.median(r["step_time"] for r in base.values()) if base else float("nan")
+        base_time = statistics.median(r["step_time"] for r in base.values()) if base else None
         lines += [f"## {trainer}", "",
                   "| config | what | final per seed | final, mean ± std | best, mean | lowest after start | "
                   + " | ".join(f"minus {v}" + (", points (paired, [95% interval])" if i == 0 else "")

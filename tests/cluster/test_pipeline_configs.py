@@ -13,6 +13,7 @@ from cluster_helpers import SHELLS, base_env, compose
 
 from benchmarks.staleness.harness import HarnessConfig
 from benchmarks.staleness.pipeline_configs import launch
+from benchmarks.staleness.pipeline_report import samples_per_step
 from benchmarks.staleness.protocol import DEV_CONFIGS
 from benchmarks.staleness.run_study import METHODS, parse_args
 from recipe.darl.core.config import PRESET, ReplayConfig
@@ -38,7 +39,8 @@ def composed(tmp_path_factory):
 
 # the batch protocol.sh's pipeline stage hands the launch scripts, and the development stage's harness arguments
 PROTOCOL_SH = (Path(__file__).resolve().parents[2] / "benchmarks" / "staleness" / "protocol.sh").read_text()
-STAGE_BATCH = dict(re.findall(r"\b(TRAIN_BATCH_SIZE|MINI_BATCH_SIZE|STEPS)=(\d+)", PROTOCOL_SH.split("STAGE\" == pipeline")[1]))
+STAGE_BATCH = dict(re.findall(r"\b(TRAIN_BATCH_SIZE|MINI_BATCH_SIZE|STEPS)=(\d+)",
+                              PROTOCOL_SH.split("STAGE\" == pipeline")[1]))
 HARNESS = parse_args(["--out", "x", *re.search(r"common=\((.*?)\)", PROTOCOL_SH).group(1).replace('"$TASK"', "scarce")
                       .replace('"$LR"', "1").replace('"$JOBS"', "1").split()])
 
@@ -70,10 +72,8 @@ def test_the_pipeline_stage_trains_on_the_harness_batch(composed, trainer):
     """Prompts a step, prompts an optimizer step, group size and steps as the development stage's harness runs:
     the launch scripts' own batch (16 prompts in mini-batches of 8) does not train at the validated rate."""
     cfg = composed[(trainer, "decoupled")]
-    mini = cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]
-    prompts = cfg["data"]["train_batch_size"] or mini * cfg["async_training"]["require_batches"]
-    assert (prompts, mini, cfg["actor_rollout_ref"]["rollout"]["n"]) == (
-        HARNESS.prompts, HARNESS.prompts // HARNESS.minibatches, HARNESS.n)
+    assert samples_per_step({"resolved_config": cfg}, 0) == HARNESS.prompts * HARNESS.n  # the report's samples axis
+    assert cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == HARNESS.prompts // HARNESS.minibatches
     assert int(STAGE_BATCH["STEPS"]) == HARNESS.steps
 
 
