@@ -145,6 +145,14 @@ def headline_table(family: list[dict[str, Any]], secondary: list[dict[str, Any]]
     return "\n".join(lines) + "\n"
 
 
+def heldout_report(results: list[dict[str, Any]], preset: str, alternative: str) -> str:
+    """What `protocol headline` prints and docs/evidence.md holds: the headline family with its secondary rows, then
+    the secondary figures at s = 4 and 8."""
+    names = dict.fromkeys((*HELDOUT_BASELINES, preset, alternative))
+    return (headline_table(*headline(results, preset, alternative)) + "\n"
+            + "\n".join(two_axes(results, names, s, HELDOUT_SEEDS) for s in STALENESS))
+
+
 AXES = ("samples", "updates", "wall")  # generated samples, gradient steps (optimizer updates), wall seconds
 
 
@@ -301,9 +309,8 @@ def main(argv=None) -> int:
     if args.command == "choose":
         text = development_report(results)
     else:
+        text = heldout_report(results, args.preset, args.alternative)
         names = (*HELDOUT_BASELINES, args.preset, args.alternative)
-        text = (headline_table(*headline(results, args.preset, args.alternative)) + "\n"
-                + "\n".join(two_axes(results, dict.fromkeys(names), s, HELDOUT_SEEDS) for s in STALENESS))
         for s in STALENESS:  # the same comparison as figures, beside the table
             two_axes_figure(results, dict.fromkeys(names), s, HELDOUT_SEEDS, args.out.parent if args.out else args.study)
     print(text)
