@@ -3,9 +3,10 @@
 # make bench: the core's speed and memory benchmark (docs/performance.md).
 # make slurm-check: shells/run.sh on a one-node Slurm started on this host (root; about 10 min).
 # make two-node-check: a two-node Ray cluster on this host and the CPU launch with trainer.nnodes=2 on it (about 5 min).
-# make evidence: the studies docs/evidence.md reports, into runs/study (benchmarks/staleness/study.sh; with 2 jobs on 2
-#   cores, from the runs' own times: the scarce regime in the harness about 2.4 h, through verl's two trainers about
-#   3.2 h (NO_PIPELINE=1 skips it), the stress and benign regimes about 20 min; SCARCE_ONLY=1 stops after the first).
+# make evidence: the studies docs/evidence/before_protocol.md reports, into runs/study (benchmarks/staleness/study.sh;
+#   with 2 jobs on 2 cores, from the runs' own times: the scarce regime in the harness about 2.4 h, through verl's two
+#   trainers about 3.2 h (NO_PIPELINE=1 skips it), the stress and benign regimes about 20 min; SCARCE_ONLY=1 stops
+#   after the first). The protocol's study (docs/evidence.md): benchmarks/staleness/protocol.sh.
 
 PYTHON ?= python3
 VENV ?= .venv

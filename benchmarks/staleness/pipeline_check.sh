@@ -4,7 +4,7 @@
 # (benchmarks/staleness/pipeline_report.py: tables, paired differences with 95% intervals, figures).
 #   bash benchmarks/staleness/pipeline_check.sh [OUT]      (default runs/pipeline; about 4 min a run of 40 steps on 2 cores)
 #   TASK=scarce LR=1e-4 TRAINERS="one_step_off fully_async" CONFIGS="decoupled pmis_sg" SEEDS="0 1 2" \
-#       STEPS=40 bash benchmarks/staleness/pipeline_check.sh runs/pipeline-scarce     # the scarce regime (docs/evidence.md)
+#       STEPS=40 bash benchmarks/staleness/pipeline_check.sh runs/pipeline-scarce     # docs/evidence/before_protocol.md
 # TRAINERS: one_step_off (samples one version old), fully_async (STALENESS_THRESHOLD, default 2: up to 3 old) and/or
 # v1_colocate_async (verl's V1 trainer: the next batch is generated during the update, partial rollouts).
 # CONFIGS: the launch scripts' suffixes, each pinned by Hydra overrides to what it ran so that a later change of the

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The studies docs/evidence.md reports, into OUT (default runs/study); finished runs are skipped, so an interrupted
-# study goes on where it stopped. Times are in the Makefile's `make evidence`.
+# The studies docs/evidence/before_protocol.md reports, into OUT (default runs/study); finished runs are skipped, so
+# an interrupted study goes on where it stopped. Times are in the Makefile's `make evidence`. The protocol's study
+# (docs/evidence.md) is protocol.sh.
 #   bash benchmarks/staleness/study.sh [OUT]
 #   STEPS=10 SEEDS=0 bash benchmarks/staleness/study.sh runs/study-mini    # reduced: 1 seed, 10 steps, minutes
 # SCARCE_ONLY=1 stops after the scarce regime in the harness; NO_PIPELINE=1 skips the runs through verl's trainers.
