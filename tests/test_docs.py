@@ -58,29 +58,27 @@ def test_readme_shape():
     lines = README.read_text().splitlines()
     assert len(lines) <= 150, len(lines)
     first = "\n".join(lines[:60])
-    assert "| 4 | decoupled |" in first and "95%" in first  # the headline table on the first screen
+    assert re.search(r"^\| 4 \| \w+ - decoupled \|", first, re.M) and "95%" in first  # the held-out headline, first screen
     assert "make demo" in README.read_text() and "make test" in README.read_text()
     assert len((ROOT / "docs" / "evidence.md").read_text().splitlines()) <= 400
 
 
 def test_headline_tables_are_the_archives():
-    """The archived headline rows in README and docs/evidence/before_protocol.md are what targets.py computes from the
-    archived runs."""
+    """The archived headline rows in docs/evidence/before_protocol.md are what targets.py computes from the archived
+    runs."""
     rows = table(headline(load_results(ROOT / "docs" / "evidence" / "scarce" / "results.jsonl")))
     body = [line for line in rows.splitlines()[2:]]
     # the headline's cells hold 12 paired seeds: the preset against decoupled PPO at s = 1, 4 and 8, gates_only at 4
     for cell in ("| 1 | decoupled | 12 |", "| 4 | decoupled | 12 |", "| 8 | decoupled | 12 |", "| 4 | gates_only | 12 |"):
         assert any(line.startswith(cell) for line in body), (cell, rows)
-    evidence, readme = (ROOT / "docs" / "evidence" / "before_protocol.md").read_text(), README.read_text()
+    evidence = (ROOT / "docs" / "evidence" / "before_protocol.md").read_text()
     for line in body:
         assert line in evidence, line
-    s4 = [line for line in body if line.startswith("| 4 |")]
-    assert s4 and all(line in readme for line in s4)
     pipe = pipeline_table(pipeline_headline(load_runs(ROOT / "docs" / "evidence" / "pipeline_scarce" / "results.jsonl.gz")))
     against_decoupled = [line for line in pipe.splitlines()[2:] if "| decoupled |" in line]
     assert len(against_decoupled) == 3  # one-step-off, fully-async, V1 colocate_async
     for line in against_decoupled:
-        assert line in evidence and line in readme, line
+        assert line in evidence, line
 
 
 def test_the_development_table_is_the_archive():
