@@ -92,21 +92,18 @@ def test_the_development_table_is_the_archive():
     assert block.strip() == development_report(runs).strip()
 
 
-def test_the_heldout_block_is_the_archive_once_every_seed_ran():
-    """docs/evidence.md holds the held-out report (`protocol headline`) exactly when the archive has all 156 runs
-    (12 seeds x 13), and then it is what the archive gives, for the preset and alternative the development runs chose;
-    README shows its four headline comparisons."""
+def test_the_heldout_block_is_the_archive():
+    """The archive holds all 156 held-out runs (12 seeds x 13); docs/evidence.md's held-out block is the report
+    (`protocol headline`) they give for the preset and alternative the development runs chose; README shows its four
+    headline comparisons."""
     from benchmarks.staleness.protocol import (DARL_CANDIDATES, HELDOUT_SEEDS, SIMPLE_CANDIDATES, choose,
                                                heldout_report)
     from benchmarks.staleness.run_study import load_results
 
     archive = ROOT / "docs" / "evidence" / "protocol" / "scarce"
     runs = load_results(archive / "heldout" / "results.jsonl")
-    complete = len(runs) == 13 * len(HELDOUT_SEEDS) and {r["seed"] for r in runs} == set(HELDOUT_SEEDS)
+    assert len(runs) == 13 * len(HELDOUT_SEEDS) and {r["seed"] for r in runs} == set(HELDOUT_SEEDS), len(runs)
     text = (ROOT / "docs" / "evidence.md").read_text()
-    assert ("<!-- heldout -->" in text) == complete, (len(runs), "held-out block present" if not complete else "")
-    if not complete:
-        return
     dev = load_results(archive / "dev" / "results.jsonl")
     report = heldout_report(runs, choose(dev, DARL_CANDIDATES), choose(dev, SIMPLE_CANDIDATES))
     block = text.split("<!-- heldout -->\n", 1)[1].split("\n<!-- /heldout -->", 1)[0]

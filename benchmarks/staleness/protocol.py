@@ -310,9 +310,9 @@ def main(argv=None) -> int:
         text = development_report(results)
     else:
         text = heldout_report(results, args.preset, args.alternative)
-        names = (*HELDOUT_BASELINES, args.preset, args.alternative)
+        names = dict.fromkeys((*HELDOUT_BASELINES, args.preset, args.alternative))
         for s in STALENESS:  # the same comparison as figures, beside the table
-            two_axes_figure(results, dict.fromkeys(names), s, HELDOUT_SEEDS, args.out.parent if args.out else args.study)
+            two_axes_figure(results, names, s, HELDOUT_SEEDS, args.out.parent if args.out else args.study)
     print(text)
     if args.out:
         args.out.write_text(text)

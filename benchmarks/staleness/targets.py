@@ -1,4 +1,5 @@
-"""The headline table of docs/evidence/before_protocol.md: the preset against each baseline, paired over seeds, target met or missed.
+"""The headline table of docs/evidence/before_protocol.md: the preset against each baseline, paired over seeds,
+target met or missed.
 
     python -m benchmarks.staleness.targets docs/evidence/scarce [--out FILE]
     python -m benchmarks.staleness.targets --pipeline docs/evidence/pipeline_scarce    # through verl's trainers
