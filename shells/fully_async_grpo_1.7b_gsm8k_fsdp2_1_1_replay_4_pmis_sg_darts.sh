@@ -4,6 +4,8 @@
 # redundancy (n = 8: r_i in [10, 16], mean 12, planned per prompt against the 1,024 most recent), L_i = (16 - r_i) // 2,
 # after 10 warm-up steps of r = 12 with every tail aborted once n finished (L = 0). Variables: shells/common.sh.
 # Not yet run on a GPU (docs/running.md, 'What has run where').
+# Two passes over each step's batch (ppo_epochs=2), replay sources weighted by their tokens: the preset held-out
+# seeds support (docs/evidence.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_setup 1.7b gsm8k 1 1
@@ -12,6 +14,7 @@ darl_fully_async_run \
     algorithm.rollout_correction.bypass_mode=false \
     algorithm.rollout_is=true \
     algorithm.rollout_is_threshold=2.0 \
+    actor_rollout_ref.actor.ppo_epochs=2 \
     replay.enable=true \
     replay.k=4 \
     replay.pmis=true \

@@ -5,6 +5,8 @@
 # place of groups without advantage, warmup 5, C = 2.
 # Environment variables (model, data, GPUs, logger, checkpoints): see shells/common.sh.
 # Extra arguments are Hydra overrides, e.g. `bash one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh trainer.total_training_steps=200`.
+# Two passes over each step's batch (ppo_epochs=2), replay sources weighted by their tokens: the preset held-out
+# seeds support (docs/evidence.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_setup 1.7b gsm8k 1 1
@@ -13,6 +15,7 @@ darl_run \
     algorithm.rollout_correction.bypass_mode=false \
     algorithm.rollout_is=true \
     algorithm.rollout_is_threshold=2.0 \
+    actor_rollout_ref.actor.ppo_epochs=2 \
     replay.enable=true \
     replay.k=4 \
     replay.pmis=true \

@@ -88,7 +88,9 @@ class HarnessConfig:
     behavior_clip: Any = None  # trust region around the behavior policy; False: off; None follows pmis
     behavior_clip_high: Any = None  # its eps for A > 0; False: unbounded; None follows pmis
     behavior_weight: Optional[str] = None  # own/pmis; None follows pmis
-    source_weight: Optional[str] = None  # ess/tokens; None follows pmis
+    # ess/tokens, always recorded: runs archived before the preset moved to tokens (2026-12-02) hold null, which
+    # then meant ess under pmis (benchmarks/staleness/names.py, ran_source_weight)
+    source_weight: str = "tokens"
     filter_zero_adv: bool = True
     max_reuse: Any = None
     clip_decay: float = 1.0

@@ -12,6 +12,9 @@ A study's method name says what the run trained. When the preset changed, the na
 
 Each renamed run keeps the name it was recorded under in `name_at_run`. An archive with any such run was renamed
 already and is left as it is, so runs added to it later under today's names keep them.
+
+Source weights: until 2026-12-02 a null `source_weight` resolved to ESS weights under `pmis` (tokens without); since
+then null means tokens and the harness records the value it ran. `ran_source_weight` reads an archived record.
 """
 
 from __future__ import annotations
@@ -51,6 +54,14 @@ RENAMES: dict[str, dict[str, str]] = {
                         "pmis_sg_e2": "pmis_sg_no_prompt_e2", "pmis_sg_prompt": "pmis_sg_prompt_always",
                         "pmis_sg_prompt_mixed": "pmis_sg_prompt_always_mixed"},
 }
+
+
+def ran_source_weight(config: dict[str, Any]) -> str:
+    """The source weights an archived harness run trained with: its recorded value, or for a null one (recorded before
+    2026-12-02) what null meant then, "ess" under pmis and "tokens" without."""
+    if config.get("source_weight") is not None:
+        return config["source_weight"]
+    return "ess" if config.get("pmis", True) else "tokens"
 
 
 def rename_run(run: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:

@@ -11,9 +11,10 @@
 # preset cannot change what an archived name means:
 #   async              naive async (the _async script)
 #   decoupled          decoupled PPO (the _decoupled script)
-#   pmis_sg            the preset (the _pmis_sg script: per-prompt replay in the place of fresh groups without advantage)
-#   pmis_sg_no_prompt  the group-replay preset: the preset with replay.prompt_replay=false
-#   gates_only         the preset's controls without replay (replay.k=1: m2 gate + trust region on decoupled PPO)
+#   pmis_sg            the preset until 2026-12-02 (the _pmis_sg script, one pass, ESS source weights: per-prompt
+#                      replay in the place of fresh groups without advantage); the preset now: darl_tokens_e2
+#   pmis_sg_no_prompt  the group-replay preset: pmis_sg with replay.prompt_replay=false
+#   gates_only         pmis_sg's controls without replay (replay.k=1: m2 gate + trust region on decoupled PPO)
 #   equal_update       decoupled PPO with two passes over each batch (actor.ppo_epochs=2)
 #   sync               decoupled PPO on-policy: fully_async with staleness_threshold 0, no partial rollout (fully_async only)
 #   any other name of the study's configurations (benchmarks/staleness/run_study.py, METHODS): the script and the
@@ -33,6 +34,7 @@ CONFIGS="${CONFIGS:-async decoupled pmis_sg}"
 STEPS="${STEPS:-30}"
 export TASK="${TASK:-arithmetic}"
 failed=()
+before=(replay.source_weight=ess actor_rollout_ref.actor.ppo_epochs=1)
 for seed in $SEEDS; do
     for trainer in $TRAINERS; do
         for cfg in $CONFIGS; do
@@ -41,9 +43,10 @@ for seed in $SEEDS; do
             script="$cfg"
             case "$cfg" in
                 async|decoupled) ;;
-                pmis_sg) extra=(replay.prompt_replay=16) ;;
-                pmis_sg_no_prompt) script=pmis_sg; extra=(replay.prompt_replay=false) ;;
-                gates_only) script=pmis_sg; extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false replay.prompt_replay=false) ;;
+                # the archived names: one pass, ESS source weights (the script's preset until 2026-12-02)
+                pmis_sg) extra=(replay.prompt_replay=16 "${before[@]}") ;;
+                pmis_sg_no_prompt) script=pmis_sg; extra=(replay.prompt_replay=false "${before[@]}") ;;
+                gates_only) script=pmis_sg; extra=(replay.k=1 replay.warmup=0 replay.filter_zero_adv=false replay.prompt_replay=false "${before[@]}") ;;
                 equal_update) script=decoupled; extra=(actor_rollout_ref.actor.ppo_epochs=2) ;;
                 sync)
                     [ "$trainer" = fully_async ] || { echo "pipeline_check: sync runs under fully_async only (skipped for $trainer)"; continue; }

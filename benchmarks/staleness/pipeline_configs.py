@@ -5,7 +5,8 @@ configuration, so the held-out stage through the pipeline runs whatever the deve
     python -m benchmarks.staleness.pipeline_configs darl_tokens_e2     # prints: the script suffix, then the overrides
 
 The harness's replay settings are `replay.*` keys of the same names (`HarnessConfig.replay_config`), every one of
-them pinned (the CPU scripts' own `replay.warmup=2` for short runs included), `epochs` is verl's `actor.ppo_epochs`; `icepop` is the decoupled script with verl's `decoupled_token_icepop` bounds; `sync` is
+them pinned (the CPU scripts' own `replay.warmup=2` for short runs included), `epochs` is verl's `actor.ppo_epochs`
+(always pinned); `icepop` is the decoupled script with verl's `decoupled_token_icepop` bounds; `sync` is
 decoupled PPO with the fully-async rollouter held to staleness 0 (environment, not overrides).
 """
 
@@ -39,9 +40,8 @@ def launch(name: str) -> tuple[str, list[str], dict[str, str]]:
     overrides, env = [], {}
     if spec.pop("staleness", None) == 0:  # on-policy: the rollouter never runs ahead
         env = {"STALENESS_THRESHOLD": "0", "PARTIAL_ROLLOUT": "false"}
-    epochs = spec.pop("epochs", 1)
-    if epochs != 1:
-        overrides.append(f"actor_rollout_ref.actor.ppo_epochs={epochs}")
+    # pinned even at 1: the `_pmis_sg` scripts run the preset's two passes
+    overrides.append(f"actor_rollout_ref.actor.ppo_epochs={spec.pop('epochs', 1)}")
     if method == "icepop":  # the script's alias threshold (C = 2) goes; verl's IcePop bounds take its place
         overrides += ["~algorithm.rollout_is_threshold", f"algorithm.rollout_correction.rollout_is_threshold={ICEPOP_BOUNDS}"]
     unknown = sorted(set(spec) - set(REPLAY_KEYS))

@@ -37,21 +37,26 @@ METHODS: dict[str, dict[str, Any]] = {
     "decoupled": {"method": "decoupled"},
     "equal_update": {"method": "decoupled", "epochs": 2},
     "icepop": {"method": "icepop"},  # verl's decoupled_token_icepop: token weights zeroed outside [0.5, 5]  # two passes: as many optimizer updates as the preset's replay
-    # the preset, as `replay.enable=true` resolves it in the trainers (tests/staleness checks the two agree)
-    "darl": {"method": "darl", "prompt_replay": 16},
-    # the group-replay preset: the preset without per-prompt replay (replay.prompt_replay=false)
-    "darl_no_prompt": {"method": "darl", "prompt_replay": False},
+    # the preset before the held-out stage: one pass, sources weighted by ESS (`replay.source_weight=ess`); every name
+    # below pins its source weights, so an archived name keeps its meaning. The preset `replay.enable=true` resolves
+    # to with the `_pmis_sg` scripts' two passes is `darl_tokens_e2` (tests/staleness checks the two agree).
+    "darl": {"method": "darl", "prompt_replay": 16, "source_weight": "ess"},
+    # the group-replay preset: `darl` without per-prompt replay (replay.prompt_replay=false)
+    "darl_no_prompt": {"method": "darl", "prompt_replay": False, "source_weight": "ess"},
     # the preset's controls without replay: decoupled PPO + m2 gate + behavior trust region (replay.k=1)
-    "gates_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "prompt_replay": False},
+    "gates_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "prompt_replay": False,
+                   "source_weight": "ess"},
     # simple reuse a reviewer asks for: uniform FIFO replay over K versions (replay.pmis=false: newest first, no
     # selection rules, no gates, each sample's own truncated weight), and per-prompt replay alone on decoupled PPO
     "uniform_replay": {"method": "darl", "pmis": False},
     "decoupled_prompt": {"method": "darl", "k": 1, "pmis": False, "prompt_replay": 16},
     # D-ARL's own parts, one off at a time from the preset
-    "darl_k1": {"method": "darl", "k": 1, "prompt_replay": 16},  # no group replay (K = 1)
-    "darl_own": {"method": "darl", "behavior_weight": "own", "prompt_replay": 16},  # PMIS off: own behavior weights
+    "darl_k1": {"method": "darl", "k": 1, "prompt_replay": 16, "source_weight": "ess"},  # no group replay (K = 1)
+    "darl_own": {"method": "darl", "behavior_weight": "own", "prompt_replay": 16,  # PMIS off: own behavior weights
+                 "source_weight": "ess"},
     "darl_tokens": {"method": "darl", "source_weight": "tokens", "prompt_replay": 16},  # sources weighted by tokens
-    "darl_newest": {"method": "darl", "order": "newest", "ratio": False, "prompt_replay": 16},  # selection off
+    "darl_newest": {"method": "darl", "order": "newest", "ratio": False, "prompt_replay": 16,  # selection off
+                    "source_weight": "ess"},
 }
 # each of the reuse methods with two passes over its step's batch (verl's ppo_epochs=2), as equal_update is to decoupled
 METHODS.update({f"{name}_e2": {**METHODS[name], "epochs": 2} for name in

@@ -3,6 +3,8 @@
 # `_pmis_sg`: D-ARL, the preset (docs/algorithm.md): replay over K = 4 behavior versions, fresh groups first plus
 # least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2; per-prompt
 # replay in the place of groups without advantage. Variables: shells/cpu/common.sh.
+# Two passes over each step's batch (ppo_epochs=2), replay sources weighted by their tokens: the preset held-out
+# seeds support (docs/evidence.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_cpu_setup
@@ -10,6 +12,7 @@ darl_cpu_v1_run \
     algorithm.rollout_correction.bypass_mode=false \
     algorithm.rollout_is=true \
     algorithm.rollout_is_threshold=2.0 \
+    actor_rollout_ref.actor.ppo_epochs=2 \
     replay.enable=true \
     replay.k=4 \
     replay.pmis=true \

@@ -40,10 +40,11 @@ def test_unknown_key_is_an_error():
 
 
 def test_presets_follow_pmis_unless_overridden():
-    assert (ReplayConfig(pmis=True).resolved_behavior_weight, ReplayConfig(pmis=True).resolved_source_weight) == ("pmis", "ess")
+    """Behavior weights follow `pmis`; source weights are by tokens under either unless set."""
+    assert (ReplayConfig(pmis=True).resolved_behavior_weight, ReplayConfig(pmis=True).resolved_source_weight) == ("pmis", "tokens")
     assert (ReplayConfig(pmis=False).resolved_behavior_weight, ReplayConfig(pmis=False).resolved_source_weight) == ("own", "tokens")
-    cfg = ReplayConfig(pmis=True, behavior_weight="own", source_weight="tokens")
-    assert (cfg.resolved_behavior_weight, cfg.resolved_source_weight) == ("own", "tokens")
+    cfg = ReplayConfig(pmis=True, behavior_weight="own", source_weight="ess")
+    assert (cfg.resolved_behavior_weight, cfg.resolved_source_weight) == ("own", "ess")
 
 
 def test_buffer_rejects_bad_parameters_by_name():

@@ -6,6 +6,7 @@ so the updates are real even though the model is untrained.
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ import torch
 from benchmarks.staleness.harness import Harness, HarnessConfig
 from benchmarks.staleness.run_study import METHODS, cell_staleness, report
 from benchmarks.staleness.targets import headline, table
+
+REPO = Path(__file__).resolve().parents[2]
 
 # the first design (chi2-ranked selection), still reachable through replay.* keys
 # uniform replay with a fixed budget: buffered groups compete with fresh ones every step
@@ -126,19 +129,30 @@ def test_study_names_resolve(model_dir):
 
 
 def test_the_study_runs_the_preset_the_trainers_resolve_under_darl():
-    """What the study measures as the preset is what `replay.enable=true` resolves to in the trainers: every key of
-    `darl` resolved equals the trainers' preset; `darl_no_prompt` differs from it in the per-prompt store only, and
-    `gates_only` keeps the store off as the pipeline's gates_only does."""
+    """What the study measures as the preset (`darl_tokens_e2`) is what the `_pmis_sg` scripts run: every key of it
+    resolved equals what `replay.enable=true` resolves to, and its two passes are the scripts' ppo_epochs. `darl`, the
+    preset before the held-out stage, differs in its source weights only; `darl_no_prompt` differs from `darl` in the
+    per-prompt store only, and `gates_only` keeps the store off as the pipeline's gates_only does."""
+    import re
+
     from recipe.darl.core.config import PRESET, ReplayConfig
 
     def resolved(rc: ReplayConfig) -> dict:
-        return {f.name: rc.resolved(f.name) if f.name in PRESET else getattr(rc, f.name) for f in dataclasses.fields(rc)}
+        out = {f.name: rc.resolved(f.name) if f.name in PRESET else getattr(rc, f.name) for f in dataclasses.fields(rc)}
+        return {**out, "behavior_weight": rc.resolved_behavior_weight, "source_weight": rc.resolved_source_weight}
 
     preset = resolved(ReplayConfig(enable=True))
-    assert preset["prompt_replay"] == 16
-    assert resolved(HarnessConfig(**METHODS["darl"]).replay_config()) == preset
+    assert preset["prompt_replay"] == 16 and preset["source_weight"] == "tokens"
+    assert resolved(HarnessConfig(**METHODS["darl_tokens_e2"]).replay_config()) == preset
+    scripts = sorted((REPO / "shells").rglob("*_pmis_sg*.sh"))
+    assert len(scripts) >= 12
+    for script in scripts:
+        epochs = re.findall(r"actor_rollout_ref\.actor\.ppo_epochs=(\d+)", script.read_text())
+        assert epochs == [str(METHODS["darl_tokens_e2"]["epochs"])], script.name
+    earlier = resolved(HarnessConfig(**METHODS["darl"]).replay_config())
+    assert {k for k in preset if preset[k] != earlier[k]} == {"source_weight"} and earlier["source_weight"] == "ess"
     group_preset = resolved(HarnessConfig(**METHODS["darl_no_prompt"]).replay_config())
-    assert {k for k in preset if preset[k] != group_preset[k]} == {"prompt_replay"}
+    assert {k for k in earlier if earlier[k] != group_preset[k]} == {"prompt_replay"}
     assert group_preset["prompt_replay"] is None
     assert resolved(HarnessConfig(**METHODS["gates_only"]).replay_config())["prompt_replay"] is None
 

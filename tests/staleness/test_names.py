@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.staleness.harness import HarnessConfig
-from benchmarks.staleness.names import RENAMES, main, rename_run
+from benchmarks.staleness.names import RENAMES, main, ran_source_weight, rename_run
 from benchmarks.staleness.paired import paired, t975
 from benchmarks.staleness.run_study import METHODS, load_results
 from recipe.darl.core.config import PRESET, ReplayConfig
@@ -37,8 +37,11 @@ def test_rename_is_once_and_by_archive(tmp_path):
 
 def _resolved(config: dict) -> dict:
     fields = {f.name for f in dataclasses.fields(HarnessConfig)}
-    rc = HarnessConfig(**{k: v for k, v in config.items() if k in fields and k not in ("model_dir", "label")}
-                       ).replay_config()
+    kept = {k: v for k, v in config.items() if k in fields and k not in ("model_dir", "label")}
+    kept.pop("source_weight", None)  # only replay weighs its sources
+    if config["method"] == "darl":
+        kept["source_weight"] = ran_source_weight(config)
+    rc = HarnessConfig(**kept).replay_config()
     keys = {f.name: rc.resolved(f.name) if f.name in PRESET else getattr(rc, f.name) for f in dataclasses.fields(rc)}
     return {**keys, "method": config["method"], "epochs": config.get("epochs", 1)}
 
@@ -69,3 +72,15 @@ def test_paired_interval_by_hand():
     assert t975(11) == 2.201 and t975(100) == 1.96
     with pytest.raises(ValueError):
         t975(0)
+
+
+def test_a_null_source_weight_in_an_archive_reads_as_what_it_meant_then():
+    """Before 2026-12-02 null meant ESS under pmis and tokens without; the harness now records the value it ran, so
+    a record made today never holds null."""
+    assert ran_source_weight({"method": "darl", "source_weight": None}) == "ess"
+    assert ran_source_weight({"method": "darl", "pmis": False, "source_weight": None}) == "tokens"
+    assert ran_source_weight({"method": "darl", "pmis": True, "source_weight": "tokens"}) == "tokens"
+    assert dataclasses.asdict(HarnessConfig(**METHODS["darl_tokens_e2"]))["source_weight"] == "tokens"
+    assert dataclasses.asdict(HarnessConfig(method="darl"))["source_weight"] == "tokens"
+    scarce = [r for r in load_results(EVIDENCE / "scarce" / "results.jsonl") if r["method_name"] == "darl_no_prompt"]
+    assert scarce and all(ran_source_weight(r["config"]) == "ess" for r in scarce)

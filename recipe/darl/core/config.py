@@ -139,10 +139,9 @@ class ReplayConfig:
 
     @property
     def resolved_source_weight(self) -> SourceWeight:
-        """`source_weight`, or what the `pmis` preset implies when it is null."""
-        if self.source_weight is not None:
-            return self.source_weight
-        return "ess" if self.pmis else "tokens"
+        """`source_weight`, or "tokens" when it is null: sources weighted by their tokens, as in the preset the
+        held-out seeds support (docs/evidence.md); "ess" weights them by their effective sample size."""
+        return self.source_weight if self.source_weight is not None else "tokens"
 
 
 def is_int(value: Any) -> bool:
