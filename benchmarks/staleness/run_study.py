@@ -244,7 +244,7 @@ def _plots(by_cell, stalenesses, methods, out: Path) -> None:
             runs = by_cell.get((cell_staleness(m, s) if m in METHODS else s, m), [])
             if runs:
                 x, mean, std = _curve(runs, axis)
-                style = {"color": "black", "lw": 2.2} if m == "darl" else {}  # the preset stands out
+                style = {"color": "black", "lw": 2.2} if m == "darl" else {}  # the preset of the studies before the protocol
                 (line,) = ax.plot(x, mean, label=f"{m} (n={len(runs)})", **style)
                 ax.fill_between(x, mean - std, mean + std, alpha=0.15, color=line.get_color())
         ax.set_ylabel("greedy validation accuracy")
@@ -255,7 +255,7 @@ def _plots(by_cell, stalenesses, methods, out: Path) -> None:
         for axis in ("samples", "wall"):
             fig, ax = plt.subplots(figsize=(6, 4))
             main = [m for m in MAIN_METHODS if m in methods]
-            if "darl" in main:  # the preset's study: earlier presets stay in ablations_s{S}.png
+            if "darl" in main:  # a study of the earlier preset: the presets before it stay in ablations_s{S}.png
                 main = [m for m in main if m not in ("darl_chi2", "darl_v2")]
             curves(ax, s, main, axis)
             ax.set_xlabel("generated samples" if axis == "samples" else "wall time, generation + training (s)")

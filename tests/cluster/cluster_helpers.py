@@ -22,6 +22,7 @@ CONFIGURATION_KEYS = {
     "algorithm.rollout_correction.bypass_mode",
     "algorithm.rollout_correction.rollout_is",
     "algorithm.rollout_correction.rollout_is_threshold",
+    "actor_rollout_ref.actor.ppo_epochs",  # the preset's two passes
     "replay.enable", "replay.k", "replay.pmis", "replay.stop_grad", "replay.warmup",
 }
 # derived from the script's file name, so they differ too (verl interpolates the experiment name into the tracer's)
@@ -180,13 +181,14 @@ def check_only_configuration_keys(fam) -> None:
     d_p = diff_keys(c["decoupled"], c["pmis_sg"]) - NAME_KEYS
     assert a_d <= CONFIGURATION_KEYS and d_p <= CONFIGURATION_KEYS, (a_d, d_p)
     assert a_d == {"algorithm.rollout_correction.bypass_mode", "algorithm.rollout_correction.rollout_is"}
-    assert d_p == {"replay.enable"}  # k=4, pmis, stop_grad, warmup 5 are also the defaults
+    # k=4, pmis, stop_grad, warmup 5 are also the defaults; two passes are verl's key
+    assert d_p == {"replay.enable", "actor_rollout_ref.actor.ppo_epochs"}
     # and the scripts' text: the same lines apart from their header comment and the flags
     bodies = {}
     for v in VARIANTS:
         lines = script_path(fam.name, v).read_text().splitlines()
         bodies[v] = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    flag = re.compile(r"^\s+(algorithm\.rollout_correction\.bypass_mode|algorithm\.rollout_is|algorithm\.rollout_is_threshold|replay\.\w+)=\S+ \\$")
+    flag = re.compile(r"^\s+(algorithm\.rollout_correction\.bypass_mode|algorithm\.rollout_is|algorithm\.rollout_is_threshold|actor_rollout_ref\.actor\.ppo_epochs|replay\.\w+)=\S+ \\$")
     stripped = {v: [line for line in b if not flag.match(line)] for v, b in bodies.items()}
     assert stripped["async"] == stripped["decoupled"] == stripped["pmis_sg"]
 

@@ -22,6 +22,7 @@ def _check_configurations(configs: dict) -> None:
         else:
             assert corr["bypass_mode"] is False and corr["rollout_is_threshold"] == 2.0
             assert replay["enable"] is True and replay["k"] == 4 and replay["pmis"] is True and replay["stop_grad"] is True
+            assert cfg["actor_rollout_ref"]["actor"]["ppo_epochs"] == 2  # the preset's two passes
     a_d = diff_keys(configs["async"], configs["decoupled"]) - NAME_KEYS
     d_p = diff_keys(configs["decoupled"], configs["pmis_sg"]) - NAME_KEYS
     assert a_d <= CONFIGURATION_KEYS and d_p <= CONFIGURATION_KEYS, (a_d, d_p)
