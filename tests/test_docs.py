@@ -112,6 +112,25 @@ def test_the_heldout_block_is_the_archive():
     assert len(family) == 4 and all(line in README.read_text() for line in family)
 
 
+def test_the_pipeline_block_is_the_archive():
+    """docs/evidence.md's pipeline-stage line is what its archive holds (whole seeds only, each seed's seven launches
+    finished), for the preset and alternative the development runs chose."""
+    from benchmarks.staleness.pipeline_report import load_runs
+    from benchmarks.staleness.protocol import (DARL_CANDIDATES, SIMPLE_CANDIDATES, choose, pipeline_progress,
+                                               whole_seeds)
+    from benchmarks.staleness.run_study import load_results
+
+    archive = ROOT / "docs" / "evidence" / "protocol" / "scarce"
+    dev = load_results(archive / "dev" / "results.jsonl")
+    preset, alternative = choose(dev, DARL_CANDIDATES), choose(dev, SIMPLE_CANDIDATES)
+    packed = archive / "pipeline" / "results.jsonl.gz"
+    runs = load_runs(packed) if packed.exists() else []
+    assert {r["seed"] for r in runs} == set(whole_seeds(runs, preset, alternative))  # no seed in flight
+    text = (ROOT / "docs" / "evidence.md").read_text()
+    block = text.split("<!-- pipeline -->\n", 1)[1].split("\n<!-- /pipeline -->", 1)[0]
+    assert block.strip() == pipeline_progress(runs, preset, alternative)
+
+
 def test_the_validation_table_is_the_archive():
     """docs/evidence.md's validation block is what benchmarks/staleness/validation.py computes from the archived runs."""
     from benchmarks.staleness.validation import report

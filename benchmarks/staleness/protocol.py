@@ -153,6 +153,60 @@ def heldout_report(results: list[dict[str, Any]], preset: str, alternative: str)
             + "\n".join(two_axes(results, names, s, HELDOUT_SEEDS) for s in STALENESS))
 
 
+# ---- the pipeline stage (protocol.md, section 4): the held-out seeds through the CPU launch scripts ----------------
+
+PIPELINE_TRAINERS = ("one_step_off", "fully_async")
+PIPELINE_STEPS = 50
+
+
+def pipeline_launches(preset: str, alternative: str) -> list[tuple[str, str]]:
+    """(trainer, configuration) of one held-out seed in the pipeline stage; sync runs through fully-async only."""
+    return [(t, c) for t in PIPELINE_TRAINERS for c in ("sync", "decoupled", preset, alternative)
+            if t == "fully_async" or c != "sync"]
+
+
+def _finished(run: dict[str, Any]) -> bool:
+    return any(r.get("step") == PIPELINE_STEPS for r in run.get("records", []))
+
+
+def whole_seeds(runs: list[dict[str, Any]], preset: str, alternative: str) -> list[int]:
+    """The held-out seeds whose every launch of the stage finished, in protocol order."""
+    want = set(pipeline_launches(preset, alternative))
+    done: dict[int, set] = {}
+    for run in runs:
+        if _finished(run):
+            done.setdefault(run["seed"], set()).add((run["trainer"], run["config"]))
+    return [s for s in HELDOUT_SEEDS if done.get(s, set()) >= want]
+
+
+def pipeline_archive(out: Path, folder: Path, preset: str, alternative: str) -> list[int]:
+    """Adds OUT's whole seeds (every launch of the seed finished; a seed in flight is left out) to FOLDER's archive
+    (results.jsonl.gz); returns the archived seeds. Prints no result: the tables wait for every seed."""
+    from benchmarks.staleness.pipeline_report import archive as write, load_runs
+
+    packed = folder / "results.jsonl.gz"
+    kept = {(r["trainer"], r["config"], r["seed"]): r for r in (load_runs(packed) if packed.exists() else [])}
+    new = load_runs(out)
+    want, seeds = set(pipeline_launches(preset, alternative)), set(whole_seeds(new, preset, alternative))
+    for run in new:
+        if run["seed"] in seeds and (run["trainer"], run["config"]) in want:
+            kept.setdefault((run["trainer"], run["config"], run["seed"]), run)
+    write(list(kept.values()), folder)
+    return whole_seeds(list(kept.values()), preset, alternative)
+
+
+def pipeline_progress(runs: list[dict[str, Any]], preset: str, alternative: str) -> str:
+    """docs/evidence.md's line for the stage while it runs: whole seeds archived, and where they ran."""
+    seeds = whole_seeds(runs, preset, alternative)
+    per_seed = len(pipeline_launches(preset, alternative))
+    where = sorted({f"{(r.get('provenance') or {}).get('commit', '?')[:7]}" for r in runs if r["seed"] in seeds})
+    text = (f"Archived: {len(seeds)} of {len(HELDOUT_SEEDS)} held-out seeds ({len(seeds) * per_seed} of "
+            f"{len(HELDOUT_SEEDS) * per_seed} launches)")
+    if seeds:
+        text += f", seeds {', '.join(map(str, seeds))}, from commit {', '.join(where)}"
+    return text + ". Its tables appear here once every seed has run."
+
+
 AXES = ("samples", "updates", "wall")  # generated samples, gradient steps (optimizer updates), wall seconds
 
 
@@ -295,6 +349,11 @@ def main(argv=None) -> int:
     h.add_argument("--preset", required=True)
     h.add_argument("--alternative", required=True)
     h.add_argument("--out", type=Path)
+    pa = sub.add_parser("pipeline-archive", help="OUT's whole seeds of the pipeline stage into FOLDER's archive")
+    pa.add_argument("src", type=Path)
+    pa.add_argument("dst", type=Path)
+    pa.add_argument("--preset", required=True)
+    pa.add_argument("--alternative", required=True)
     for name, helptext in (("archive", "OUT's raw runs into FOLDER as .jsonl.gz"),
                            ("restore", "FOLDER's archived runs into OUT where it has none")):
         a = sub.add_parser(name, help=helptext)
@@ -304,6 +363,12 @@ def main(argv=None) -> int:
     if args.command in ("archive", "restore"):
         for path in (archive if args.command == "archive" else restore)(args.src, args.dst):
             print(path)
+        return 0
+    if args.command == "pipeline-archive":
+        from benchmarks.staleness.pipeline_report import load_runs
+
+        pipeline_archive(args.src, args.dst, args.preset, args.alternative)
+        print(pipeline_progress(load_runs(args.dst / "results.jsonl.gz"), args.preset, args.alternative))
         return 0
     results = load_results(args.study / "results.jsonl")
     if args.command == "choose":

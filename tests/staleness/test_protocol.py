@@ -214,3 +214,45 @@ def test_accuracy_at_equal_samples_gradient_steps_and_wall_time_by_hand(tmp_path
 
     path = protocol.two_axes_figure([one, two], ["decoupled", "equal_update"], 4, [0], tmp_path)
     assert path == tmp_path / "two_axes_s4.png" and matplotlib.image.imread(path).shape[1] > 3 * 300
+
+
+def _pipeline_run(out: Path, trainer: str, config: str, seed: int, last_step: int, commit: str = "c" * 40) -> None:
+    folder = out / trainer / f"seed{seed}" / config
+    (folder / "checkpoints").mkdir(parents=True)
+    records = [{"step": s, "data": {"val-core/arith/acc/mean@1": 0.2}} for s in range(0, last_step + 1, 10)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    launch = {"provenance": {**ORIGIN, "commit": commit}, "versions": {}, "config": {}}
+    (folder / "checkpoints" / "launches.jsonl").write_text(json.dumps(launch) + "\n")
+
+
+def test_the_pipeline_stage_archives_whole_seeds_only(tmp_path):
+    """A seed counts once its seven launches finished (step 50); a seed in flight and a run of another configuration
+    stay out of the archive; a later archive adds seeds and keeps the earlier ones."""
+    preset, alt = "darl_tokens_e2", "decoupled_prompt_e2"
+    launches = protocol.pipeline_launches(preset, alt)
+    assert len(launches) == 7 and ("one_step_off", "sync") not in launches and ("fully_async", "sync") in launches
+    out, folder = tmp_path / "runs", tmp_path / "archive"
+    first, second = protocol.HELDOUT_SEEDS[:2]
+    for trainer, config in launches:
+        _pipeline_run(out, trainer, config, first, 50)
+    _pipeline_run(out, "one_step_off", "equal_update", first, 50)  # not a configuration of the stage
+    for trainer, config in launches[:-1]:
+        _pipeline_run(out, trainer, config, second, 50)
+    _pipeline_run(out, *launches[-1], second, 30)  # stopped at step 30
+    assert protocol.pipeline_archive(out, folder, preset, alt) == [first]
+    from benchmarks.staleness.pipeline_report import load_runs
+
+    archived = load_runs(folder / "results.jsonl.gz")
+    assert sorted((r["trainer"], r["config"]) for r in archived) == sorted(launches)
+    assert {r["seed"] for r in archived} == {first}
+    text = protocol.pipeline_progress(archived, preset, alt)
+    assert text == (f"Archived: 1 of 12 held-out seeds (7 of 84 launches), seeds {first}, from commit ccccccc. "
+                    "Its tables appear here once every seed has run.")
+    # the second seed finishes on another machine's run folder: the archive now holds both
+    later = tmp_path / "later"
+    _pipeline_run(later, *launches[-1], second, 50, commit="d" * 40)
+    for trainer, config in launches[:-1]:
+        _pipeline_run(later, trainer, config, second, 50, commit="d" * 40)
+    assert protocol.pipeline_archive(later, folder, preset, alt) == [first, second]
+    assert len(load_runs(folder / "results.jsonl.gz")) == 14
+    assert protocol.pipeline_progress([], preset, alt).startswith("Archived: 0 of 12 held-out seeds (0 of 84 launches).")
