@@ -203,7 +203,8 @@ def pipeline_progress(runs: list[dict[str, Any]], preset: str, alternative: str)
     text = (f"Archived: {len(seeds)} of {len(HELDOUT_SEEDS)} held-out seeds ({len(seeds) * per_seed} of "
             f"{len(HELDOUT_SEEDS) * per_seed} launches)")
     if seeds:
-        text += f", seeds {', '.join(map(str, seeds))}, from commit {', '.join(where)}"
+        noun = "seed" if len(seeds) == 1 else "seeds"
+        text += f", {noun} {', '.join(map(str, seeds))}, from commit {', '.join(where)}"
     return text + ". Its tables appear here once every seed has run."
 
 
