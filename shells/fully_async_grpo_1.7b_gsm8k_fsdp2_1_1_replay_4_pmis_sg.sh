@@ -5,8 +5,7 @@
 # per-prompt replay in the place of groups without advantage (replay.prompt_replay=false turns it off).
 # Environment variables: shells/common.sh (REQUIRE_BATCHES, SYNC_STEPS, STALENESS_THRESHOLD among them).
 # Not yet run on a GPU (docs/running.md, 'What has run where').
-# Two passes over each step's batch (ppo_epochs=2), replay sources weighted by their tokens: the preset held-out
-# seeds support (docs/evidence.md).
+# Two passes a step (ppo_epochs=2), sources weighted by tokens: the preset held-out seeds support (docs/evidence.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_setup 1.7b gsm8k 1 1

@@ -4,8 +4,7 @@
 # mean 12), L_i = (16 - r_i) // 2, after 10 warm-up steps of r = 12 with every tail aborted once n finished (L = 0).
 # Environment variables: shells/common.sh.
 # Not yet run on a GPU (docs/running.md, 'What has run where').
-# Two passes over each step's batch (ppo_epochs=2), replay sources weighted by their tokens: the preset held-out
-# seeds support (docs/evidence.md).
+# Two passes a step (ppo_epochs=2), sources weighted by tokens: the preset held-out seeds support (docs/evidence.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_setup 1.7b gsm8k 1 1

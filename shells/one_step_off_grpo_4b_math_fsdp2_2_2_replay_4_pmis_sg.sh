@@ -5,8 +5,7 @@
 # place of groups without advantage, warmup 5, C = 2.
 # Environment variables (model, data, GPUs, logger, checkpoints): see shells/common.sh.
 # Extra arguments are Hydra overrides, e.g. `bash one_step_off_grpo_4b_math_fsdp2_2_2_replay_4_pmis_sg.sh trainer.total_training_steps=200`.
-# Two passes over each step's batch (ppo_epochs=2), replay sources weighted by their tokens: the preset held-out
-# seeds support (docs/evidence.md).
+# Two passes a step (ppo_epochs=2), sources weighted by tokens: the preset held-out seeds support (docs/evidence.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_setup 4b math 2 2

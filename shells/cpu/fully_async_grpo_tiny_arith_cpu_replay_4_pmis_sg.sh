@@ -4,8 +4,7 @@
 # least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2;
 # per-prompt replay in the place of groups without advantage (replay.prompt_replay=false turns it off).
 # Variables: shells/cpu/common.sh (REQUIRE_BATCHES, SYNC_STEPS, STALENESS_THRESHOLD, PARTIAL_ROLLOUT among them).
-# Two passes over each step's batch (ppo_epochs=2), replay sources weighted by their tokens: the preset held-out
-# seeds support (docs/evidence.md).
+# Two passes a step (ppo_epochs=2), sources weighted by tokens: the preset held-out seeds support (docs/evidence.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_cpu_setup

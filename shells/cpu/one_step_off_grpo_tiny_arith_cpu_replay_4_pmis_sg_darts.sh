@@ -3,8 +3,7 @@
 # adaptive redundancy (r_i in [1.25n, 2n], 1.5 n on average; n = 8: [10, 16], mean 12), L_i = (2n - r_i) // 2, after
 # 10 warm-up steps of r = 1.5 n with every tail aborted once n finished (L = 0). On the long-tail example by default
 # (TASK=longtail: the untrained tiny model, whose response lengths have a long tail); variables: shells/cpu/common.sh.
-# Two passes over each step's batch (ppo_epochs=2), replay sources weighted by their tokens: the preset held-out
-# seeds support (docs/evidence.md).
+# Two passes a step (ppo_epochs=2), sources weighted by tokens: the preset held-out seeds support (docs/evidence.md).
 set -euo pipefail
 export TASK="${TASK:-longtail}"
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

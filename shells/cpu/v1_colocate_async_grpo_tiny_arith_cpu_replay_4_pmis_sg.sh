@@ -3,8 +3,7 @@
 # `_pmis_sg`: D-ARL, the preset (docs/algorithm.md): replay over K = 4 behavior versions, fresh groups first plus
 # least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2; per-prompt
 # replay in the place of groups without advantage. Variables: shells/cpu/common.sh.
-# Two passes over each step's batch (ppo_epochs=2), replay sources weighted by their tokens: the preset held-out
-# seeds support (docs/evidence.md).
+# Two passes a step (ppo_epochs=2), sources weighted by tokens: the preset held-out seeds support (docs/evidence.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 darl_cpu_setup

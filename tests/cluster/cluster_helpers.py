@@ -22,7 +22,7 @@ CONFIGURATION_KEYS = {
     "algorithm.rollout_correction.bypass_mode",
     "algorithm.rollout_correction.rollout_is",
     "algorithm.rollout_correction.rollout_is_threshold",
-    "actor_rollout_ref.actor.ppo_epochs",  # the preset's two passes
+    "actor_rollout_ref.actor.ppo_epochs", "critic.ppo_epochs",  # the preset's two passes (verl's critic key follows)
     "replay.enable", "replay.k", "replay.pmis", "replay.stop_grad", "replay.warmup",
 }
 # derived from the script's file name, so they differ too (verl interpolates the experiment name into the tracer's)
@@ -182,7 +182,7 @@ def check_only_configuration_keys(fam) -> None:
     assert a_d <= CONFIGURATION_KEYS and d_p <= CONFIGURATION_KEYS, (a_d, d_p)
     assert a_d == {"algorithm.rollout_correction.bypass_mode", "algorithm.rollout_correction.rollout_is"}
     # k=4, pmis, stop_grad, warmup 5 are also the defaults; two passes are verl's key
-    assert d_p == {"replay.enable", "actor_rollout_ref.actor.ppo_epochs"}
+    assert d_p == {"replay.enable", "actor_rollout_ref.actor.ppo_epochs", "critic.ppo_epochs"}
     # and the scripts' text: the same lines apart from their header comment and the flags
     bodies = {}
     for v in VARIANTS:

@@ -53,7 +53,7 @@ def test_fully_async_scripts_resolve_to_the_three_launch_configurations(where, t
     a_d = diff_keys(configs["async"], configs["decoupled"]) - NAME_KEYS
     assert a_d == {"algorithm.rollout_correction.bypass_mode", "algorithm.rollout_correction.rollout_is"}
     d_p = diff_keys(configs["decoupled"], configs["pmis_sg"]) - NAME_KEYS
-    assert d_p <= {"replay.enable", "replay.warmup", "actor_rollout_ref.actor.ppo_epochs"}
+    assert d_p <= {"replay.enable", "replay.warmup", "actor_rollout_ref.actor.ppo_epochs", "critic.ppo_epochs"}
 
 
 def test_run_sh_submits_a_fully_async_script(tmp_path):
