@@ -199,7 +199,7 @@ def pipeline_progress(runs: list[dict[str, Any]], preset: str, alternative: str)
     """docs/evidence.md's line for the stage while it runs: whole seeds archived, and where they ran."""
     seeds = whole_seeds(runs, preset, alternative)
     per_seed = len(pipeline_launches(preset, alternative))
-    where = sorted({f"{(r.get('provenance') or {}).get('commit', '?')[:7]}" for r in runs if r["seed"] in seeds})
+    where = sorted({(r.get("provenance") or {}).get("commit", "?")[:7] for r in runs if r["seed"] in seeds})
     text = (f"Archived: {len(seeds)} of {len(HELDOUT_SEEDS)} held-out seeds ({len(seeds) * per_seed} of "
             f"{len(HELDOUT_SEEDS) * per_seed} launches)")
     if seeds:

@@ -231,6 +231,8 @@ def test_the_pipeline_stage_archives_whole_seeds_only(tmp_path):
     preset, alt = "darl_tokens_e2", "decoupled_prompt_e2"
     launches = protocol.pipeline_launches(preset, alt)
     assert len(launches) == 7 and ("one_step_off", "sync") not in launches and ("fully_async", "sync") in launches
+    stage = (REPO / "benchmarks" / "staleness" / "protocol.sh").read_text().split('STAGE" == pipeline')[1]
+    assert f"STEPS={protocol.PIPELINE_STEPS} " in stage  # a finished launch is one that logged the stage's last step
     out, folder = tmp_path / "runs", tmp_path / "archive"
     first, second = protocol.HELDOUT_SEEDS[:2]
     for trainer, config in launches:
