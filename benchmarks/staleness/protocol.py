@@ -116,31 +116,39 @@ def _pair(cells, s: int, a: str, b: str) -> dict[str, Any]:
     return {"s": s, "a": a, "b": b, "diff": diff, "side_by_side": side}
 
 
-def headline(results: list[dict[str, Any]], preset: str, alternative: str,
-             seeds: Iterable[int] = HELDOUT_SEEDS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The four Holm-adjusted comparisons, and the secondary rows (preset minus naive, equal_update, gates_only and
-    sync)."""
-    cells = _finals(results, seeds)
-    family = [_pair(cells, s, preset, b) for b in ("decoupled", alternative) for s in STALENESS]
+def _verdicts(family: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each comparison's Holm-adjusted p-value across the family and its verdict: supported (adjusted p < ALPHA,
+    mean above zero), refuted (adjusted p < ALPHA, mean below zero) or not separated."""
     for row, adj in zip(family, holm([r["diff"].p if r["diff"].n > 1 else 1.0 for r in family])):
         row["p_holm"] = adj
         if row["diff"].n < 2 or adj >= ALPHA:
             row["verdict"] = "not separated"
         else:
             row["verdict"] = "supported" if row["diff"].mean > 0 else "refuted"
+    return family
+
+
+def headline(results: list[dict[str, Any]], preset: str, alternative: str,
+             seeds: Iterable[int] = HELDOUT_SEEDS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The four Holm-adjusted comparisons, and the secondary rows (preset minus naive, equal_update, gates_only and
+    sync)."""
+    cells = _finals(results, seeds)
+    family = _verdicts([_pair(cells, s, preset, b) for b in ("decoupled", alternative) for s in STALENESS])
     secondary = [_pair(cells, s, preset, b) for b in HELDOUT_BASELINES if b not in ("decoupled", alternative)
                  for s in STALENESS]
     return family, [r for r in secondary if r["diff"].n > 0]
 
 
-def headline_table(family: list[dict[str, Any]], secondary: list[dict[str, Any]]) -> str:
-    lines = ["| s | comparison | paired seeds (side by side) | difference, points [95% interval], seeds above | p | "
-             "p, Holm | verdict |", "|---|---|---|---|---|---|---|"]
+def headline_table(family: list[dict[str, Any]], secondary: list[dict[str, Any]], first: str = "s") -> str:
+    """The family's rows with their Holm verdicts, then the secondary rows; `first` names the cell's column (s, or
+    trainer for the pipeline stage)."""
+    lines = [f"| {first} | comparison | paired seeds (side by side) | difference, points [95% interval], seeds above | "
+             "p | p, Holm | verdict |", "|---|---|---|---|---|---|---|"]
     for r in family:
-        lines.append(f"| {r['s']} | {r['a']} - {r['b']} | {r['diff'].n} ({r['side_by_side']}) | {r['diff'].points()} | "
-                     f"{r['diff'].p:.3g} | {r['p_holm']:.3g} | {r['verdict']} |")
+        lines.append(f"| {r[first]} | {r['a']} - {r['b']} | {r['diff'].n} ({r['side_by_side']}) | "
+                     f"{r['diff'].points()} | {r['diff'].p:.3g} | {r['p_holm']:.3g} | {r['verdict']} |")
     for r in secondary:
-        lines.append(f"| {r['s']} | {r['a']} - {r['b']} (secondary) | {r['diff'].n} ({r['side_by_side']}) | "
+        lines.append(f"| {r[first]} | {r['a']} - {r['b']} (secondary) | {r['diff'].n} ({r['side_by_side']}) | "
                      f"{r['diff'].points()} | {r['diff'].p:.3g} | - | - |")
     return "\n".join(lines) + "\n"
 
@@ -196,7 +204,7 @@ def pipeline_archive(out: Path, folder: Path, preset: str, alternative: str) -> 
 
 
 def pipeline_progress(runs: list[dict[str, Any]], preset: str, alternative: str) -> str:
-    """docs/evidence.md's line for the stage while it runs: whole seeds archived, and where they ran."""
+    """The stage's progress line (`pipeline-archive` prints it): whole seeds archived, and where they ran."""
     seeds = whole_seeds(runs, preset, alternative)
     per_seed = len(pipeline_launches(preset, alternative))
     where = sorted({(r.get("provenance") or {}).get("commit", "?")[:7] for r in runs if r["seed"] in seeds})
@@ -206,6 +214,67 @@ def pipeline_progress(runs: list[dict[str, Any]], preset: str, alternative: str)
         noun = "seed" if len(seeds) == 1 else "seeds"
         text += f", {noun} {', '.join(map(str, seeds))}, from commit {', '.join(where)}"
     return text + ". Its tables appear here once every seed has run."
+
+
+# the staleness each trainer's launches train at: one-step-off generates with the weights one step behind; the
+# fully-async launches run at staleness_threshold 4 (sync: 0)
+PIPELINE_STALENESS = {"one_step_off": 1, "fully_async": 4}
+
+
+def updates_per_step(config: dict[str, Any]) -> int:
+    """Optimizer updates a trainer step makes, from a launch's resolved config: passes (ppo_epochs) x mini-batches
+    (prompts a step / ppo_mini_batch_size; a fully-async step takes require_batches mini-batches)."""
+    actor = config["actor_rollout_ref"]["actor"]
+    prompts = config["data"]["train_batch_size"] or actor["ppo_mini_batch_size"] * config["async_training"]["require_batches"]
+    return int(actor["ppo_epochs"]) * int(prompts) // int(actor["ppo_mini_batch_size"])
+
+
+def pipeline_results(runs: list[dict[str, Any]], trainer: str) -> list[dict[str, Any]]:
+    """`trainer`'s runs of the stage in the harness's result shape, so that the held-out stage's comparisons and
+    `two_axes` read them: staleness from PIPELINE_STALENESS, evaluations on generated samples and wall time
+    (pipeline_report.as_result), gradient steps from the resolved config, provenance only where every launch of the
+    run ran from one clean commit on one machine."""
+    from benchmarks.staleness.pipeline_report import as_result, origin
+
+    out = []
+    for run in runs:
+        if run["trainer"] != trainer:
+            continue
+        r = as_result(run, 0)
+        updates = updates_per_step(run["resolved_config"])
+        out.append({"seed": run["seed"], "method_name": run["config"],
+                    "staleness": 0 if run["config"] == "sync" else PIPELINE_STALENESS[trainer],
+                    "final_accuracy": r["final_accuracy"], "step_time_mean": r["step_time"], "evals": r["evals"],
+                    "steps": [{"step": k, "updates": updates} for k in range(1, PIPELINE_STEPS + 1)],
+                    "provenance": origin(run)})
+    return out
+
+
+def pipeline_headline(runs: list[dict[str, Any]], preset: str, alternative: str,
+                      seeds: Iterable[int] = HELDOUT_SEEDS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The held-out family through verl's trainers: the preset minus decoupled PPO and minus the alternative under
+    each trainer (four comparisons, Holm's correction across them); secondary rows: under fully-async, the preset,
+    decoupled PPO and the alternative each minus on-policy training (what staleness costs through the trainer)."""
+    family, secondary = [], []
+    for trainer in PIPELINE_TRAINERS:
+        cells = _finals(pipeline_results(runs, trainer), seeds)
+        s = PIPELINE_STALENESS[trainer]
+        family += [{**_pair(cells, s, preset, b), "trainer": trainer} for b in ("decoupled", alternative)]
+        if trainer == "fully_async":
+            secondary += [{**_pair(cells, s, a, "sync"), "trainer": trainer} for a in (preset, "decoupled", alternative)]
+    family = sorted(family, key=lambda r: r["b"] != "decoupled")  # against decoupled PPO first, as the harness's
+    return _verdicts(family), [r for r in secondary if r["diff"].n > 0]
+
+
+def pipeline_stage_report(runs: list[dict[str, Any]], preset: str, alternative: str) -> str:
+    """What `protocol pipeline` prints and docs/evidence.md holds: the family with its secondary rows, then each
+    trainer's secondary figures (`two_axes`)."""
+    text = headline_table(*pipeline_headline(runs, preset, alternative), first="trainer")
+    for trainer in PIPELINE_TRAINERS:
+        names = ("sync", "decoupled", preset, alternative) if trainer == "fully_async" else ("decoupled", preset, alternative)
+        table = two_axes(pipeline_results(runs, trainer), names, PIPELINE_STALENESS[trainer], HELDOUT_SEEDS)
+        text += "\n" + table.replace(f"| s = {PIPELINE_STALENESS[trainer]}", f"| {trainer}")
+    return text
 
 
 AXES = ("samples", "updates", "wall")  # generated samples, gradient steps (optimizer updates), wall seconds
@@ -264,10 +333,10 @@ def two_axes(results: list[dict[str, Any]], names: Iterable[str], s: int, seeds:
 
 
 def two_axes_figure(results: list[dict[str, Any]], names: Iterable[str], s: int, seeds: Iterable[int],
-                    out: Path) -> Path:
-    """`two_axes_s{s}.png`: accuracy against generated samples, gradient steps and wall time (three panels), each
-    configuration's mean over `seeds` with +- one std, each run's curve interpolated onto a common grid up to the
-    least any run reached on that axis."""
+                    out: Path, label: str | None = None) -> Path:
+    """`two_axes_{label}.png` (label: `s{s}` unless given): accuracy against generated samples, gradient steps and
+    wall time (three panels), each configuration's mean over `seeds` with +- one std, each run's curve interpolated
+    onto a common grid up to the least any run reached on that axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -289,10 +358,10 @@ def two_axes_figure(results: list[dict[str, Any]], names: Iterable[str], s: int,
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("greedy accuracy")
     axes[-1].legend(fontsize=7)
-    fig.suptitle(f"s = {s}: accuracy at equal samples, gradient steps and wall time (mean +- std over seeds)")
+    fig.suptitle(f"{label or f's = {s}'}: accuracy at equal samples, gradient steps and wall time (mean +- std over seeds)")
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"two_axes_s{s}.png"
+    path = out / f"two_axes_{label or f's{s}'}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -350,6 +419,11 @@ def main(argv=None) -> int:
     h.add_argument("--preset", required=True)
     h.add_argument("--alternative", required=True)
     h.add_argument("--out", type=Path)
+    pp = sub.add_parser("pipeline", help="the pipeline stage's family with Holm's correction, from its archive")
+    pp.add_argument("archive", type=Path, help="the stage's results.jsonl.gz")
+    pp.add_argument("--preset", required=True)
+    pp.add_argument("--alternative", required=True)
+    pp.add_argument("--out", type=Path)
     pa = sub.add_parser("pipeline-archive", help="OUT's whole seeds of the pipeline stage into FOLDER's archive")
     pa.add_argument("src", type=Path)
     pa.add_argument("dst", type=Path)
@@ -370,6 +444,19 @@ def main(argv=None) -> int:
 
         pipeline_archive(args.src, args.dst, args.preset, args.alternative)
         print(pipeline_progress(load_runs(args.dst / "results.jsonl.gz"), args.preset, args.alternative))
+        return 0
+    if args.command == "pipeline":
+        from benchmarks.staleness.pipeline_report import load_runs
+
+        runs = load_runs(args.archive)
+        text = pipeline_stage_report(runs, args.preset, args.alternative)
+        for trainer in PIPELINE_TRAINERS:  # the same comparison as figures, beside the table
+            names = [c for c in ("sync", "decoupled", args.preset, args.alternative) if trainer == "fully_async" or c != "sync"]
+            two_axes_figure(pipeline_results(runs, trainer), names, PIPELINE_STALENESS[trainer], HELDOUT_SEEDS,
+                            args.out.parent if args.out else args.archive.parent, label=trainer)
+        print(text)
+        if args.out:
+            args.out.write_text(text)
         return 0
     results = load_results(args.study / "results.jsonl")
     if args.command == "choose":

@@ -258,3 +258,52 @@ def test_the_pipeline_stage_archives_whole_seeds_only(tmp_path):
     assert protocol.pipeline_archive(later, folder, preset, alt) == [first, second]
     assert len(load_runs(folder / "results.jsonl.gz")) == 14
     assert protocol.pipeline_progress([], preset, alt).startswith("Archived: 0 of 12 held-out seeds (0 of 84 launches).")
+
+
+def _loaded_run(trainer: str, config: str, seed: int, final: float, epochs: int = 1, origin=ORIGIN) -> dict:
+    """A pipeline run as load_runs returns it: evaluations at steps 0 and 50 (start 0.2), 2 s a step, one launch."""
+    from recipe.darl.demo import VAL_KEY
+
+    one_step_off = trainer == "one_step_off"
+    cfg = {"data": {"train_batch_size": 32 if one_step_off else 0}, "async_training": {"require_batches": 2},
+           "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 16, "ppo_epochs": epochs}, "rollout": {"n": 8}}}
+    records = [{"step": 0, "data": {VAL_KEY: 0.2}}]
+    records += [{"step": k, "data": {"timing_s/step": 2.0 * epochs}} for k in range(1, 50)]
+    records += [{"step": 50, "data": {"timing_s/step": 2.0 * epochs, VAL_KEY: final}}]
+    return {"trainer": trainer, "config": config, "seed": seed, "records": records, "resolved_config": cfg,
+            "launches": [{"provenance": dict(origin), "versions": {}}], "provenance": dict(origin)}
+
+
+def test_the_pipeline_family_is_four_comparisons_with_holm_and_its_gradient_steps_come_from_the_config():
+    preset, alt = "darl_tokens_e2", "decoupled_prompt_e2"
+    seeds = protocol.HELDOUT_SEEDS[:6]
+    runs = []
+    for i, x in enumerate(seeds):
+        for t in protocol.PIPELINE_TRAINERS:
+            gap = 0.20 if t == "fully_async" else (0.02 if i % 2 else -0.02)  # separated / not separated
+            runs += [_loaded_run(t, "decoupled", x, 0.25 + 0.01 * i), _loaded_run(t, preset, x, 0.25 + 0.01 * i + gap, 2),
+                     _loaded_run(t, alt, x, 0.25 + 0.01 * i + gap / 2, 2)]
+        other = {**ORIGIN, "boot": "b2"} if i == 0 else ORIGIN  # seed 0's sync ran after a reboot: not side by side
+        runs.append(_loaded_run("fully_async", "sync", x, 0.50, origin=other))
+    # verl's one-step-off step: 32 prompts in mini-batches of 16, two passes; fully-async: require_batches of 16
+    assert protocol.updates_per_step(runs[1]["resolved_config"]) == 4
+    assert protocol.updates_per_step(runs[3]["resolved_config"]) == 2
+    family, secondary = protocol.pipeline_headline(runs, preset, alt, seeds)
+    assert [(r["trainer"], r["b"]) for r in family] == [("one_step_off", "decoupled"), ("fully_async", "decoupled"),
+                                                        ("one_step_off", alt), ("fully_async", alt)]
+    assert [r["verdict"] for r in family] == ["not separated", "supported", "not separated", "supported"]
+    assert family[1]["diff"].mean == pytest.approx(0.20) and family[3]["diff"].mean == pytest.approx(0.10)
+    assert all(r["p_holm"] >= r["diff"].p and r["side_by_side"] == 6 for r in family)
+    assert [(r["trainer"], r["a"], r["b"]) for r in secondary] == [("fully_async", c, "sync")
+                                                                    for c in (preset, "decoupled", alt)]
+    assert secondary[1]["side_by_side"] == 5 and secondary[1]["diff"].mean == pytest.approx(0.25 + 0.025 - 0.50)
+    report = protocol.pipeline_stage_report(runs, preset, alt)
+    assert report.startswith("| trainer | comparison |") and "\n| fully_async | runs |" in report and "\n| sync | 6 | " in report
+    # equal gradient steps: the preset's 4 updates a step against decoupled PPO's 2 (one-step-off). A run's last
+    # evaluation (step 50) comes after 49 steps' updates: 98 for decoupled PPO, the shortest, 196 for the preset,
+    # which at 98 updates is halfway from its start (0.2) to its final accuracy
+    assert "| one_step_off, equal gradient steps | at 24 gradient steps | at 49 gradient steps | at 98 gradient steps |" in report
+    section = report.split("one_step_off, equal gradient steps")[1].split("\n\n")[0]
+    row = next(line for line in section.splitlines() if line.startswith(f"| {preset} |"))
+    finals = [0.25 + 0.01 * i + (0.02 if i % 2 else -0.02) for i in range(6)]
+    assert row.split(" | ")[3].startswith(f"{sum(0.2 + (f - 0.2) / 2 for f in finals) / 6:.3f} ±"), row
