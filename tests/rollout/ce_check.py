@@ -3,7 +3,7 @@
 Run by test_checkpoint_engine_ray.py in a fresh process. Two trainer ranks (rank 0 sends, rank 1 only
 walks its stream), two receivers, small buckets (many per sync, tensors larger than a bucket, odd
 sizes and dtypes), at most one bucket in flight; two syncs on the same channel; a receiver with no
-sender times out. Prints one JSON line.
+sender times out; a sender whose receiver never takes its buckets times out naming it. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -115,6 +115,23 @@ def main():
     except Exception as error:  # noqa: BLE001
         out["timeout"] = type(getattr(error, "cause", None) or error).__name__
     out["timeout_seconds"] = time.time() - start
+
+    # a sender whose second receiver never takes its buckets fails after timeout_s, naming that receiver
+    ray.get([trainer_host.new.remote("m", bucket_size=1 << 20, is_master=True, timeout_s=1.0),
+             rollout_host.new.remote("taker", bucket_size=1 << 20), rollout_host.new.remote("idle", bucket_size=1 << 20)])
+    metadata = ray.get([trainer_host.call.remote("m", "prepare"), rollout_host.call.remote("taker", "prepare"),
+                        rollout_host.call.remote("idle", "prepare")])
+    actor_kwargs, rollout_kwargs = Engine.build_topology(1, 2, metadata)
+    ray.get([trainer_host.call.remote("m", "init_process_group", **{k: v[0] for k, v in actor_kwargs.items()})]
+            + [rollout_host.call.remote(key, "init_process_group", **{k: v[i] for k, v in rollout_kwargs.items()})
+               for i, key in enumerate(("taker", "idle"))])
+    taken = rollout_host.receive.remote("taker", 4)
+    try:
+        ray.get(trainer_host.send.remote("m", 4))
+        out["stalled"] = "no error"
+    except Exception as error:  # noqa: BLE001
+        out["stalled"] = str(getattr(error, "cause", None) or error)
+    out["taker_names"], out["names"] = sorted(ray.get(taken)), sorted(make_weights(4))
     print(json.dumps(out))
     sys.stdout.flush()
     ray.shutdown()

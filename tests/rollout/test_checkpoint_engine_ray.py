@@ -33,7 +33,11 @@ def test_transfer_is_exact(run_script):
         assert sync["metrics"]["checkpoint_engine/buckets"] >= 3  # 4 KB buckets
         assert sync["rank1_metrics"] == {}  # the non-master trainer rank sends nothing
     assert out["timeout"] == "TimeoutError" and out["timeout_seconds"] < 30
-
+    # one bucket (1 MB) for both receivers: receiver 1 took and acknowledged it, receiver 2 never asked
+    assert out["taker_names"] == out["names"]
+    assert "waited 1.0 s for every receiver to acknowledge bucket 0 of 1 posted" in out["stalled"], out["stalled"]
+    assert "receiver 1: fetched up to 0, acknowledged up to 0; receiver 2: fetched up to -1, acknowledged up to -1" \
+        in out["stalled"], out["stalled"]
 
 
 def test_imports_go_one_way():

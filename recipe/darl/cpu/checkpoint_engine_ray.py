@@ -40,7 +40,7 @@ def bucket_channel_class():
         inside a list, so Ray passes the reference, not the bytes."""
 
         def __init__(self):
-            self._syncs: dict[str, dict[str, Any]] = defaultdict(lambda: {"posts": [], "acks": {}})
+            self._syncs: dict[str, dict[str, Any]] = defaultdict(lambda: {"posts": [], "acks": {}, "fetched": {}})
             self._changed = asyncio.Condition()
 
         async def put(self, sync_id: str, post: tuple) -> int:
@@ -50,11 +50,16 @@ def bucket_channel_class():
                 self._changed.notify_all()
                 return len(posts) - 1
 
-        async def get(self, sync_id: str, index: int, timeout_s: Optional[float] = None) -> tuple:
+        async def get(self, sync_id: str, index: int, timeout_s: Optional[float] = None, receiver: int = -1) -> tuple:
             async with self._changed:
-                await asyncio.wait_for(self._changed.wait_for(lambda: len(self._syncs[sync_id]["posts"]) > index),
-                                       timeout=timeout_s)
-                return self._syncs[sync_id]["posts"][index]
+                sync = self._syncs[sync_id]
+                try:
+                    await asyncio.wait_for(self._changed.wait_for(lambda: len(sync["posts"]) > index), timeout=timeout_s)
+                except asyncio.TimeoutError:
+                    raise TimeoutError(f"weight sync {sync_id[:8]}: receiver {receiver} waited {timeout_s} s for bucket "
+                                       f"{index}; the sender posted {len(sync['posts'])}") from None
+                sync["fetched"][receiver] = max(sync["fetched"].get(receiver, -1), index)
+                return sync["posts"][index]
 
         async def ack(self, sync_id: str, receiver: int, index: int) -> None:
             async with self._changed:
@@ -65,10 +70,18 @@ def bucket_channel_class():
         async def wait_acked(self, sync_id: str, index: int, receivers: list[int], timeout_s: Optional[float] = None):
             """Until every receiver acknowledged post `index`; then drops the refs of posts <= index."""
             async with self._changed:
-                acks = self._syncs[sync_id]["acks"]
-                await asyncio.wait_for(self._changed.wait_for(lambda: all(acks.get(r, -1) >= index for r in receivers)),
-                                       timeout=timeout_s)
-                posts = self._syncs[sync_id]["posts"]
+                sync = self._syncs[sync_id]
+                acks = sync["acks"]
+                try:
+                    await asyncio.wait_for(self._changed.wait_for(lambda: all(acks.get(r, -1) >= index for r in receivers)),
+                                           timeout=timeout_s)
+                except asyncio.TimeoutError:  # say who stalled and where: fetched but not consumed, or never fetched
+                    where = "; ".join(f"receiver {r}: fetched up to {sync['fetched'].get(r, -1)}, acknowledged up to "
+                                      f"{acks.get(r, -1)}" for r in receivers)
+                    raise TimeoutError(f"weight sync {sync_id[:8]}: waited {timeout_s} s for every receiver to "
+                                       f"acknowledge bucket {index} of {len(sync['posts'])} posted ({where}; -1: none)"
+                                       ) from None
+                posts = sync["posts"]
                 for i in range(index + 1):
                     posts[i] = (posts[i][0], None, posts[i][2])
 
@@ -195,7 +208,7 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
         assert self.rank is not None and self.rank > 0, "only rollout workers receive weights"
         index = 0
         while True:
-            metas, refs, is_last = await self.channel.get.remote(self.sync_id, index, self.timeout_s)
+            metas, refs, is_last = await self.channel.get.remote(self.sync_id, index, self.timeout_s, self.rank)
             array = await refs[0]
             with warnings.catch_warnings():  # the object store hands out read-only memory; nobody writes it
                 warnings.simplefilter("ignore", UserWarning)
