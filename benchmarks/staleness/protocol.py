@@ -2,6 +2,8 @@
 
     python -m benchmarks.staleness.protocol choose runs/protocol/scarce/dev          # the preset and the alternative
     python -m benchmarks.staleness.protocol headline runs/protocol/scarce/heldout --preset darl --alternative equal_update
+    python -m benchmarks.staleness.protocol pipeline docs/evidence/protocol/scarce/pipeline/results.jsonl.gz \\
+        --preset darl_tokens_e2 --alternative decoupled_prompt_e2                   # the same through verl's trainers
     python -m benchmarks.staleness.protocol archive runs/protocol docs/evidence/protocol   # raw runs into the repository
     python -m benchmarks.staleness.protocol restore docs/evidence/protocol runs/protocol   # and back, to resume
 
@@ -10,7 +12,8 @@ seeds and picks the best D-ARL configuration (the preset) and the best simple al
 preset with decoupled PPO and with the alternative at s = 4 and 8 over the held-out seeds (paired t test), adjusts
 the four p-values with Holm's method and gives each comparison its verdict; secondary rows follow, unadjusted; then
 each configuration's accuracy at equal generated samples, gradient steps and wall time (`two_axes`), also as
-figures `two_axes_s4.png`, `two_axes_s8.png` beside the table (`two_axes_figure`).
+figures `two_axes_s4.png`, `two_axes_s8.png` beside the table (`two_axes_figure`). `pipeline` does the same for the
+pipeline stage's launches through verl's one-step-off and fully-async trainers (one cell per trainer).
 """
 
 from __future__ import annotations
@@ -271,7 +274,7 @@ def pipeline_stage_report(runs: list[dict[str, Any]], preset: str, alternative: 
     trainer's secondary figures (`two_axes`)."""
     text = headline_table(*pipeline_headline(runs, preset, alternative), first="trainer")
     for trainer in PIPELINE_TRAINERS:
-        names = ("sync", "decoupled", preset, alternative) if trainer == "fully_async" else ("decoupled", preset, alternative)
+        names = [c for t, c in pipeline_launches(preset, alternative) if t == trainer]
         table = two_axes(pipeline_results(runs, trainer), names, PIPELINE_STALENESS[trainer], HELDOUT_SEEDS)
         text += "\n" + table.replace(f"| s = {PIPELINE_STALENESS[trainer]}", f"| {trainer}")
     return text
@@ -451,7 +454,7 @@ def main(argv=None) -> int:
         runs = load_runs(args.archive)
         text = pipeline_stage_report(runs, args.preset, args.alternative)
         for trainer in PIPELINE_TRAINERS:  # the same comparison as figures, beside the table
-            names = [c for c in ("sync", "decoupled", args.preset, args.alternative) if trainer == "fully_async" or c != "sync"]
+            names = [c for t, c in pipeline_launches(args.preset, args.alternative) if t == trainer]
             two_axes_figure(pipeline_results(runs, trainer), names, PIPELINE_STALENESS[trainer], HELDOUT_SEEDS,
                             args.out.parent if args.out else args.archive.parent, label=trainer)
         print(text)
