@@ -6,6 +6,7 @@ forward of the trainer's module under the same weights."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,17 @@ def check(run_python, tiny_model_128, vllm_installed):
 
 def test_verl_builds_the_cpu_replica_and_its_vllm_server(check):
     assert check["replica_class"] == "CPUvLLMReplica"
-    assert check["worker_facts"] == {"adapter": "verl.workers.rollout.vllm_rollout.vllm_rollout.ServerAdapter",
-                                     "engine": "RayObjectStoreCheckpointEngine", "plugin_loaded": True,
-                                     "use_shm": True}  # no CUDA IPC on CPU: weights reach vLLM through /dev/shm
+    worker = dict(check["worker_facts"])
+    socket = worker.pop("socket")
+    assert worker == {"adapter": "verl.workers.rollout.vllm_rollout.vllm_rollout.ServerAdapter",
+                      "engine": "RayObjectStoreCheckpointEngine", "plugin_loaded": True,
+                      "use_shm": True}  # no CUDA IPC on CPU: weights reach vLLM through /dev/shm
     facts = check["server_facts"]
+    # the weight-sync socket is named after the replica's own token, which vLLM's worker reads from the server's
+    # environment, not after the Ray job id every fresh cluster shares (two launches on one host would collide)
+    token = facts["socket_env"]
+    assert re.fullmatch(r"[0-9a-f]{16}", token) and token != facts["job_id"], facts
+    assert socket == f"ipc:///tmp/rl-colocate-zmq-{token}-replica-0-rank-0.sock", socket
     assert facts["class"] == "vLLMHttpServer" and facts["platform"] == "cpu"  # vLLM chose its CPU platform
     assert facts["vllm_dist"] == facts["vllm_version"] + "+cpu" and facts["kvcache_gib"] == "1"
     assert facts["verl_platform"] == "cpu"

@@ -51,6 +51,7 @@ def _worker_facts(worker):
         "engine": type(worker.checkpoint_engine).__name__,
         "plugin_loaded": "recipe.darl.cpu.rollout" in _sys.modules,
         "use_shm": bool(getattr(adapter, "use_shm", False)),
+        "socket": adapter.zmq_handle,  # the path verl's weight sync binds, vLLM's worker connects to
     }
 
 
@@ -59,12 +60,14 @@ def _server_facts(server):
     import importlib.metadata as md
     import os as _os
 
+    import ray
     import vllm
     from vllm.platforms import current_platform
 
     return {"platform": current_platform.device_type, "vllm_version": vllm.__version__,
             "vllm_dist": md.version("vllm"), "kvcache_gib": _os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
-            "verl_platform": _os.environ.get("VERL_PLATFORM"), "class": type(server).__name__}
+            "verl_platform": _os.environ.get("VERL_PLATFORM"), "class": type(server).__name__,
+            "socket_env": _os.environ.get("VERL_RAY_JOB_ID"), "job_id": ray.get_runtime_context().get_job_id()}
 
 
 def _live_tokens(server) -> dict[str, int]:

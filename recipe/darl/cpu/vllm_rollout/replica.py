@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
+import uuid
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -23,6 +25,39 @@ logger = logging.getLogger(__name__)
 FORWARDED_ENV = ("VERL_PLATFORM", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
                  "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
                  "VLLM_LOGGING_LEVEL")
+
+
+# verl names the socket that carries each weight sync into vLLM after the Ray job id (`ipc:///tmp/rl-colocate-zmq-<job
+# id>-replica-<r>-rank-<k>.sock`, the vLLM side reading it from VERL_RAY_JOB_ID). Every Ray cluster numbers its first
+# job 01000000, so two launches on one host share the path, and when their syncs overlap one sender takes the other's
+# receiver while the other waits for good. Each replica launch names its sockets after a token of its own instead.
+SOCKET_ENV = "VERL_RAY_JOB_ID"
+_SOCKET_NAME = re.compile(r"rl-colocate-zmq-.*?-replica-")
+
+
+def _weight_socket_adapters(worker) -> list:
+    """Inside a rollout worker (verl's CheckpointEngineWorker; a trainer worker in hybrid modes): the objects that
+    open verl's weight-sync socket (vLLM's ServerAdapter, which holds its path as `zmq_handle`)."""
+    holders = [getattr(worker, "server_adapter", None), getattr(worker, "rollout", None),
+               *(getattr(w, "rollout", None) for w in getattr(worker, "worker_dict", {}).values())]
+    return [h for h in holders if isinstance(getattr(h, "zmq_handle", None), str)]
+
+
+def _weight_socket_paths(worker) -> list[str]:
+    """Inside a rollout worker: the paths its weight-sync sockets will use."""
+    return [adapter.zmq_handle for adapter in _weight_socket_adapters(worker)]
+
+
+def _name_weight_socket(worker, token: str) -> list[str]:
+    """Inside a rollout worker: its weight-sync socket paths renamed after `token`; returns them."""
+    for adapter in _weight_socket_adapters(worker):
+        adapter.zmq_handle = _SOCKET_NAME.sub(f"rl-colocate-zmq-{token}-replica-", adapter.zmq_handle)
+    return _weight_socket_paths(worker)
+
+
+def _set_socket_env(server, token: str) -> None:
+    """Inside verl's vLLMHttpServer, before it starts vLLM's processes (which inherit the variable)."""
+    os.environ[SOCKET_ENV] = token
 
 
 class CPUvLLMReplica(vLLMReplica):
@@ -64,6 +99,7 @@ class CPUvLLMReplica(vLLMReplica):
             cuda_visible_devices=",".join(["cpu"] * len(self.workers)),  # read by nothing on CPU
         )
         self.servers.append(server)
+        await self._name_weight_sockets(server)
 
         master_address, master_port, dp_rpc_port = await server.get_master_address.remote()
         await server.launch_server.remote(master_address=master_address, master_port=master_port,
@@ -72,3 +108,16 @@ class CPUvLLMReplica(vLLMReplica):
         self._server_handle = server
         self._server_address = f"[{address}]:{port}" if is_valid_ipv6_address(address) else f"{address}:{port}"
         logger.info("CPU vLLM replica %d: server %s at %s", self.replica_rank, name, self._server_address)
+
+    async def _name_weight_sockets(self, server) -> None:
+        """Both ends of this replica's weight-sync sockets named after one token (see SOCKET_ENV), through
+        __ray_call__: verl's workers and server have no method that sets the name. Where a worker holds no adapter
+        yet, verl's naming stays (the vLLM side must match the sender's)."""
+        found = await asyncio.gather(*[w.__ray_call__.remote(_weight_socket_paths) for w in self.workers])
+        if not all(found):
+            logger.warning("CPU vLLM replica %d: weight-sync sockets keep verl's per-job names; two launches on this "
+                           "host may collide", self.replica_rank)
+            return
+        token = uuid.uuid4().hex[:16]
+        await asyncio.gather(*[w.__ray_call__.remote(_name_weight_socket, token) for w in self.workers])
+        await server.__ray_call__.remote(_set_socket_env, token)
