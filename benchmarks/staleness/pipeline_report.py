@@ -100,16 +100,20 @@ def merge_runs(sources: list[Path]) -> list[dict[str, Any]]:
     return list(runs.values())
 
 
+def prompts_per_step(cfg: dict[str, Any]) -> int:
+    """Prompts a trainer step trains on, from a launch's resolved config: data.train_batch_size, or for fully-async
+    (whose train_batch_size is 0) require_batches mini-batches."""
+    actor = cfg["actor_rollout_ref"]["actor"]
+    return int(cfg["data"]["train_batch_size"] or actor["ppo_mini_batch_size"] * cfg["async_training"]["require_batches"])
+
+
 def samples_per_step(run: dict[str, Any], default: int) -> int:
-    """Generated samples a trainer step, from the run's resolved config (prompts x group size; a fully-async step
-    takes require_batches mini-batches, its data.train_batch_size is 0); DEFAULT for runs without a launch record."""
+    """Generated samples a trainer step (prompts x group size), from the run's resolved config; DEFAULT for runs
+    without a launch record."""
     cfg = run.get("resolved_config")
     if not cfg:
         return default
-    actor = cfg["actor_rollout_ref"]
-    prompts = (cfg["data"]["train_batch_size"]
-               or actor["actor"]["ppo_mini_batch_size"] * cfg["async_training"]["require_batches"])
-    return int(prompts) * int(actor["rollout"]["n"])
+    return prompts_per_step(cfg) * int(cfg["actor_rollout_ref"]["rollout"]["n"])
 
 
 def as_result(run: dict[str, Any], default_samples: int) -> dict[str, Any]:

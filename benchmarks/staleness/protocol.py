@@ -216,7 +216,7 @@ def pipeline_progress(runs: list[dict[str, Any]], preset: str, alternative: str)
     if seeds:
         noun = "seed" if len(seeds) == 1 else "seeds"
         text += f", {noun} {', '.join(map(str, seeds))}, from commit {', '.join(where)}"
-    return text + ". Its tables appear here once every seed has run."
+    return text + ". Tables: `protocol pipeline` once every seed has run."
 
 
 # the staleness each trainer's launches train at: one-step-off generates with the weights one step behind; the
@@ -226,10 +226,11 @@ PIPELINE_STALENESS = {"one_step_off": 1, "fully_async": 4}
 
 def updates_per_step(config: dict[str, Any]) -> int:
     """Optimizer updates a trainer step makes, from a launch's resolved config: passes (ppo_epochs) x mini-batches
-    (prompts a step / ppo_mini_batch_size; a fully-async step takes require_batches mini-batches)."""
+    (prompts a step / ppo_mini_batch_size)."""
+    from benchmarks.staleness.pipeline_report import prompts_per_step
+
     actor = config["actor_rollout_ref"]["actor"]
-    prompts = config["data"]["train_batch_size"] or actor["ppo_mini_batch_size"] * config["async_training"]["require_batches"]
-    return int(actor["ppo_epochs"]) * int(prompts) // int(actor["ppo_mini_batch_size"])
+    return int(actor["ppo_epochs"]) * prompts_per_step(config) // int(actor["ppo_mini_batch_size"])
 
 
 def pipeline_results(runs: list[dict[str, Any]], trainer: str) -> list[dict[str, Any]]:

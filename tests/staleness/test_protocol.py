@@ -249,7 +249,7 @@ def test_the_pipeline_stage_archives_whole_seeds_only(tmp_path):
     assert {r["seed"] for r in archived} == {first}
     text = protocol.pipeline_progress(archived, preset, alt)
     assert text == (f"Archived: 1 of 12 held-out seeds (7 of 84 launches), seed {first}, from commit ccccccc. "
-                    "Its tables appear here once every seed has run.")
+                    "Tables: `protocol pipeline` once every seed has run.")
     # the second seed finishes on another machine's run folder: the archive now holds both
     later = tmp_path / "later"
     _pipeline_run(later, *launches[-1], second, 50, commit="d" * 40)

@@ -48,11 +48,10 @@ def _weight_socket_paths(worker) -> list[str]:
     return [adapter.zmq_handle for adapter in _weight_socket_adapters(worker)]
 
 
-def _name_weight_socket(worker, token: str) -> list[str]:
-    """Inside a rollout worker: its weight-sync socket paths renamed after `token`; returns them."""
+def _name_weight_socket(worker, token: str) -> None:
+    """Inside a rollout worker: its weight-sync socket paths renamed after `token`."""
     for adapter in _weight_socket_adapters(worker):
         adapter.zmq_handle = _SOCKET_NAME.sub(f"rl-colocate-zmq-{token}-replica-", adapter.zmq_handle)
-    return _weight_socket_paths(worker)
 
 
 def _set_socket_env(server, token: str) -> None:
