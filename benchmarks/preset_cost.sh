@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the preset costs through the one-step-off trainer (docs/performance.md): the CPU launch script's `_pmis_sg`
-# (the preset) and `_decoupled` (decoupled PPO), one after the other for each seed on one machine, then each run's
-# median step time over steps 3.. and the ratio per seed.
+# (the preset, two passes), `_decoupled` (decoupled PPO, one pass) and `_decoupled` with the preset's two passes
+# (`equal_update`), one after the other for each seed on one machine, then each run's median step time over
+# steps 3.. and the ratios per seed: what the preset costs in all, and what it costs on top of its passes.
 #   bash benchmarks/preset_cost.sh [OUT]        (default runs/preset_cost; SEEDS ["1 2"], STEPS [12]; about 5 min a run)
 set -euo pipefail
 OUT="$(realpath -m "${1:-runs/preset_cost}")"
@@ -9,12 +10,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/benchmarks/rollout_env.sh"  # the tests' transformers rollout, unless ROLLOUT=vllm
 mkdir -p "$OUT"
 for seed in ${SEEDS:-1 2}; do
-    for config in decoupled pmis_sg; do
+    for config in decoupled equal_update pmis_sg; do
         run="$OUT/${config}_seed$seed"
         [[ -s "$run/metrics.jsonl" ]] && continue  # done: an interrupted comparison goes on where it stopped
+        script=$config extra=()
+        [[ $config == equal_update ]] && script=decoupled extra=(actor_rollout_ref.actor.ppo_epochs=2)
         echo "$(date -u +%H:%M:%S) $config seed $seed"
         SEED="$seed" OUT_DIR="$run" STEPS="${STEPS:-12}" TEST_FREQ=1000 SAVE_FREQ=1000 RESUME_MODE=disable \
-            bash "$ROOT/shells/cpu/one_step_off_grpo_tiny_arith_cpu_replay_4_${config}.sh" > "$run.log" 2>&1 \
+            bash "$ROOT/shells/cpu/one_step_off_grpo_tiny_arith_cpu_replay_4_${script}.sh" "${extra[@]}" > "$run.log" 2>&1 \
             || { echo "$config seed $seed failed: $run.log"; exit 1; }
     done
 done
@@ -24,15 +27,20 @@ import sys
 from pathlib import Path
 from recipe.darl.plot import read_log
 out = Path(sys.argv[1])
-print("| seed | decoupled median step s | preset median step s | ratio | preset groups trained per step |")
-print("|---|---|---|---|---|")
-ratios = []
+configs = ("decoupled", "equal_update", "pmis_sg")
+print("| seed | decoupled median step s | two passes (equal_update) s | preset s | preset / decoupled "
+      "| preset / equal_update | preset groups trained per step |")
+print("|---|---|---|---|---|---|---|")
+ratios, equal = [], []
 for run in sorted(out.glob("pmis_sg_seed*/metrics.jsonl")):
     seed = run.parent.name.removeprefix("pmis_sg_seed")
-    logs = {c: read_log(out / f"{c}_seed{seed}" / "metrics.jsonl") for c in ("decoupled", "pmis_sg")}
+    logs = {c: read_log(out / f"{c}_seed{seed}" / "metrics.jsonl") for c in configs}
     step = {c: statistics.median(v for s, v in log["perf/time_per_step"] if s > 2) for c, log in logs.items()}
     groups = statistics.mean(v for _, v in logs["pmis_sg"].get("replay/selected", [(0, float("nan"))]))
     ratios.append(step["pmis_sg"] / step["decoupled"])
-    print(f"| {seed} | {step['decoupled']:.2f} | {step['pmis_sg']:.2f} | {ratios[-1]:.2f}x | {groups:.1f} |")
-print(f"\nmedian ratio over {len(ratios)} seed(s): {statistics.median(ratios):.2f}x")
+    equal.append(step["pmis_sg"] / step["equal_update"])
+    print(f"| {seed} | {step['decoupled']:.2f} | {step['equal_update']:.2f} | {step['pmis_sg']:.2f} "
+          f"| {ratios[-1]:.2f}x | {equal[-1]:.2f}x | {groups:.1f} |")
+print(f"\nmedian ratios over {len(ratios)} seed(s): preset / decoupled {statistics.median(ratios):.2f}x, "
+      f"preset / equal_update {statistics.median(equal):.2f}x")
 PY
