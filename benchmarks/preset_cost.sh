@@ -3,7 +3,7 @@
 # (the preset, two passes), `_decoupled` (decoupled PPO, one pass) and `_decoupled` with the preset's two passes
 # (`equal_update`), one after the other for each seed on one machine, then each run's median step time over
 # steps 3.. and the ratios per seed: what the preset costs in all, and what it costs on top of its passes.
-#   bash benchmarks/preset_cost.sh [OUT]        (default runs/preset_cost; SEEDS ["1 2"], STEPS [12]; about 5 min a run)
+#   bash benchmarks/preset_cost.sh [OUT]        (default runs/preset_cost; SEEDS ["1 2"], STEPS [12]; about 3 min a run on 2 cores)
 set -euo pipefail
 OUT="$(realpath -m "${1:-runs/preset_cost}")"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
