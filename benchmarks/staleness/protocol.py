@@ -254,14 +254,21 @@ def pipeline_results(runs: list[dict[str, Any]], trainer: str) -> list[dict[str,
     return out
 
 
+def pipeline_trainers(runs: list[dict[str, Any]], preset: str, alternative: str):
+    """For each trainer of the stage: (trainer, its configurations, its runs as `pipeline_results` gives them)."""
+    for trainer in PIPELINE_TRAINERS:
+        names = [c for t, c in pipeline_launches(preset, alternative) if t == trainer]
+        yield trainer, names, pipeline_results(runs, trainer)
+
+
 def pipeline_headline(runs: list[dict[str, Any]], preset: str, alternative: str,
                       seeds: Iterable[int] = HELDOUT_SEEDS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The held-out family through verl's trainers: the preset minus decoupled PPO and minus the alternative under
     each trainer (four comparisons, Holm's correction across them); secondary rows: under fully-async, the preset,
     decoupled PPO and the alternative each minus on-policy training (what staleness costs through the trainer)."""
     family, secondary = [], []
-    for trainer in PIPELINE_TRAINERS:
-        cells = _finals(pipeline_results(runs, trainer), seeds)
+    for trainer, _, results in pipeline_trainers(runs, preset, alternative):
+        cells = _finals(results, seeds)
         s = PIPELINE_STALENESS[trainer]
         family += [{**_pair(cells, s, preset, b), "trainer": trainer} for b in ("decoupled", alternative)]
         if trainer == "fully_async":
@@ -274,9 +281,8 @@ def pipeline_stage_report(runs: list[dict[str, Any]], preset: str, alternative: 
     """What `protocol pipeline` prints and docs/evidence.md holds: the family with its secondary rows, then each
     trainer's secondary figures (`two_axes`)."""
     text = headline_table(*pipeline_headline(runs, preset, alternative), first="trainer")
-    for trainer in PIPELINE_TRAINERS:
-        names = [c for t, c in pipeline_launches(preset, alternative) if t == trainer]
-        table = two_axes(pipeline_results(runs, trainer), names, PIPELINE_STALENESS[trainer], HELDOUT_SEEDS)
+    for trainer, names, results in pipeline_trainers(runs, preset, alternative):
+        table = two_axes(results, names, PIPELINE_STALENESS[trainer], HELDOUT_SEEDS)
         text += "\n" + table.replace(f"| s = {PIPELINE_STALENESS[trainer]}", f"| {trainer}")
     return text
 
@@ -454,9 +460,8 @@ def main(argv=None) -> int:
 
         runs = load_runs(args.archive)
         text = pipeline_stage_report(runs, args.preset, args.alternative)
-        for trainer in PIPELINE_TRAINERS:  # the same comparison as figures, beside the table
-            names = [c for t, c in pipeline_launches(args.preset, args.alternative) if t == trainer]
-            two_axes_figure(pipeline_results(runs, trainer), names, PIPELINE_STALENESS[trainer], HELDOUT_SEEDS,
+        for trainer, names, results in pipeline_trainers(runs, args.preset, args.alternative):  # as figures too
+            two_axes_figure(results, names, PIPELINE_STALENESS[trainer], HELDOUT_SEEDS,
                             args.out.parent if args.out else args.archive.parent, label=trainer)
         print(text)
         if args.out:
