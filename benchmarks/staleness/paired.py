@@ -108,3 +108,25 @@ def paired(a: dict[int, float], b: dict[int, float]) -> Paired:
     half = t975(len(diffs) - 1) * se
     p = t_two_sided_p(mean / se, len(diffs) - 1) if se > 0 else (1.0 if mean == 0 else 0.0)
     return Paired(len(diffs), mean, mean - half, mean + half, sum(d > 0 for d in diffs), p)
+
+
+def seeds_for_power(sd: float, effect: float, alpha: float = 0.05, power: float = 0.8, low: int = 12,
+                    high: int = 60) -> int:
+    """Paired seeds for a two-sided paired t test at `alpha` to detect a mean difference `effect` with `power`, given
+    the differences' standard deviation `sd` (same units): the normal formula with Guenther's correction for t,
+    ceil(((z_{1-alpha/2} + z_power) sd / effect)^2 + z_{1-alpha/2}^2 / 2), clamped to [low, high]."""
+    if sd < 0 or effect <= 0:
+        raise ValueError(f"sd must be >= 0 and effect > 0, got sd={sd}, effect={effect}")
+    from statistics import NormalDist
+
+    z_a, z_b = NormalDist().inv_cdf(1 - alpha / 2), NormalDist().inv_cdf(power)
+    n = math.ceil(((z_a + z_b) * sd / effect) ** 2 + z_a ** 2 / 2)
+    return min(max(n, low), high)
+
+
+def detectable_effect(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest mean difference `n` paired seeds detect with `power` (the inverse of `seeds_for_power`)."""
+    from statistics import NormalDist
+
+    z_a, z_b = NormalDist().inv_cdf(1 - alpha / 2), NormalDist().inv_cdf(power)
+    return (z_a + z_b) * sd / math.sqrt(max(n - z_a ** 2 / 2, 1e-9))

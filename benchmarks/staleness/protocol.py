@@ -42,6 +42,10 @@ SIMPLE_CANDIDATES = ("equal_update", "icepop", "uniform_replay", "uniform_replay
 DEV_CONFIGS = ("sync", "naive", "decoupled", "equal_update", "icepop", "gates_only", "uniform_replay", "decoupled_prompt",
                *DARL_CONFIGS, "uniform_replay_e2", "decoupled_prompt_e2", *(f"{c}_e2" for c in DARL_CONFIGS))
 ALPHA = 0.05
+# replay's own share (docs/evidence/protocol.md, section 5): the preset, replay off, per-prompt replay alone; the
+# development seeds were drawn at random from 10000-99999 before any of their runs
+REPLAY_CONFIGS = ("darl_tokens_e2", "replay_off_e2", "prompt_replay_only_e2")
+REPLAY_DEV_SEEDS = (13404, 14286, 36273, 56026, 70131, 90538)
 
 
 def _finals(results: Iterable[dict[str, Any]], seeds: Iterable[int]) -> dict[tuple[int, str], dict[int, dict]]:

@@ -72,6 +72,12 @@ elif [[ "$STAGE" == pipeline ]]; then
         SEEDS="$(consts HELDOUT_SEEDS)" \
         TRAINERS="one_step_off fully_async" CONFIGS="sync decoupled $PRESET $ALT" VERSUS="decoupled $ALT sync" \
         bash "$here/pipeline_check.sh" "$OUT/$TASK/pipeline"
+elif [[ "$STAGE" == replay_dev ]]; then
+    # protocol.md, section 5: replay on and off on development seeds of their own, s = 4 then s = 8
+    for s in 4 8; do
+        "$PY" -m benchmarks.staleness.run_study --out "$OUT/$TASK/replay_dev" "${common[@]}" --staleness "$s" \
+            --seeds $(consts REPLAY_DEV_SEEDS) --methods $(consts REPLAY_CONFIGS)
+    done
 else
-    echo "STAGE must be dev, heldout or pipeline, got '$STAGE'" >&2; exit 1
+    echo "STAGE must be dev, heldout, pipeline or replay_dev, got '$STAGE'" >&2; exit 1
 fi

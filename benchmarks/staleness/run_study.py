@@ -62,6 +62,10 @@ METHODS: dict[str, dict[str, Any]] = {
 METHODS.update({f"{name}_e2": {**METHODS[name], "epochs": 2} for name in
                 ("darl", "darl_no_prompt", "uniform_replay", "decoupled_prompt", "darl_k1", "darl_own", "darl_tokens",
                  "darl_newest")})
+# replay's own share (docs/evidence/protocol.md, section 5): the preset with replay off (no group replay, no
+# per-prompt replay), everything else the preset's; and per-prompt replay alone on top of it
+METHODS["replay_off_e2"] = {"method": "darl", "k": 1, "prompt_replay": False, "source_weight": "tokens", "epochs": 2}
+METHODS["prompt_replay_only_e2"] = {"method": "darl", "k": 1, "prompt_replay": 16, "source_weight": "tokens", "epochs": 2}
 
 
 def cell_staleness(method: str, staleness: int) -> int:

@@ -84,3 +84,15 @@ def test_a_null_source_weight_in_an_archive_reads_as_what_it_meant_then():
     assert dataclasses.asdict(HarnessConfig(method="darl"))["source_weight"] == "tokens"
     scarce = [r for r in load_results(EVIDENCE / "scarce" / "results.jsonl") if r["method_name"] == "darl_no_prompt"]
     assert scarce and all(ran_source_weight(r["config"]) == "ess" for r in scarce)
+
+
+def test_seeds_for_power_by_hand():
+    """sd 8, effect 3, alpha 0.05, power 0.8: z = 1.95996 + 0.84162 = 2.80158; (2.80158 x 8 / 3)^2 = 55.814, plus
+    1.95996^2 / 2 = 1.921: 57.73, so 58 seeds; 58 seeds detect 2.99 points; the clamp holds both ends."""
+    from benchmarks.staleness.paired import detectable_effect, seeds_for_power
+
+    assert seeds_for_power(8.0, 3.0, high=1000) == 58
+    assert seeds_for_power(8.0, 3.0) == 58 and seeds_for_power(8.0, 1.0) == 60 and seeds_for_power(1.0, 10.0) == 12
+    assert detectable_effect(8.0, 58) == pytest.approx(2.993, abs=1e-3)
+    with pytest.raises(ValueError):
+        seeds_for_power(8.0, 0.0)
