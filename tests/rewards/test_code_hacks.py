@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -276,15 +277,20 @@ def test_nothing_the_program_starts_outlives_scoring():
             os.kill(pid, 9)
 
 
-def test_an_answer_built_to_decode_slowly_is_cut_at_the_deadline():
-    """Written raw on the answer descriptor: a tagged dict of 200,000 integer keys that all hash to 0 (quadratic to
-    build). Decoding stops at the deadline; the call returns within it plus a second or two."""
-    raw = ("import json, os, time\nclass Solution:\n    def add(self, a, b):\n"
-           "        keys = [[i * (2 ** 61 - 1), 0] for i in range(200_000)]\n"
+@pytest.mark.parametrize("task", ["functional", "assert"])
+def test_an_answer_built_to_decode_slowly_is_cut_at_the_deadline(task):
+    """Written raw on the answer descriptor: a tagged dict of integer keys that all hash to 0 (quadratic to build).
+    200,000 of them for a function-style test are far past what an answer equal to the expected one holds: not
+    parsed. 75,000 for an assert task are within its bounds (MAX_CALL_BYTES, MAX_CALL_VALUES): decoding stops at the
+    deadline. Either way the call returns within it plus a second or two."""
+    n, name, truth = (200_000, "class Solution:\n    def add(self, a, b):\n", FUNCTIONAL) if task == "functional" \
+        else (75_000, "def truncate_number(number):\n", TRUTH)
+    raw = (f"import json, os, time\n{name}"
+           f"        keys = [[i * (2 ** 61 - 1), 0] for i in range({n})]\n"
            "        os.write(4, json.dumps({'value': {'__t': 'dict', 'v': keys}}).encode() + b'\\n')\n"
            "        time.sleep(60)\n")
     start = time.monotonic()
-    assert score(raw, FUNCTIONAL, timeout_s=3.0) == 0.0
+    assert score(raw, truth, timeout_s=3.0) == 0.0
     assert time.monotonic() - start < 3.0 + 3.0
 
 
@@ -301,6 +307,118 @@ def test_decoding_is_bounded_in_size_and_depth():
         decode([0] * 1_000_001)
     with pytest.raises(TimeoutError):
         decode([0] * 10_000, deadline=0.0, clock=lambda: 1.0)
+
+
+# --------------------------------------------------------------------------- what the trainer reads is bounded
+
+REPO = Path(code_reward.__file__).resolve().parents[3]
+# a trainer of its own: its peak memory before and after one score (VmHWM: ru_maxrss would keep the peak of the
+# pytest process it was forked from), and what it printed
+TRAINER = r"""
+import json, sys, time
+from recipe.darl.rewards import code_reward
+
+def peak_kb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+code_reward.sandbox_level("auto")
+response, truth, timeout_s = json.loads(sys.stdin.read())
+before = peak_kb()
+start = time.monotonic()
+score = code_reward.compute_score(response, truth, timeout_s=timeout_s)
+seconds = time.monotonic() - start
+grown_mb = (peak_kb() - before) / 1024
+print(json.dumps({"score": score, "seconds": seconds, "grown_mb": grown_mb,
+                  "announced": [a[:300] for a in code_reward._announced]}))
+"""
+
+
+def _in_a_trainer(code: str, truth: str, timeout_s: float) -> tuple[str, dict]:
+    done = subprocess.run([sys.executable, "-c", TRAINER], input=json.dumps([block(code), truth, timeout_s]),
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_code_blocks_are_found_in_linear_time():
+    """The last non-empty fenced block after any `</think>` (tag python, python3, py or none, any case), found in one
+    pass: an opening fence followed by 150 KB of spaces and no newline is read in milliseconds, and a response longer
+    than MAX_RESPONSE_CHARS is not read at all."""
+    for response in ("```" + " " * 150_000, "`" * 150_000 + "\n", "``` `" * 30_000 + "\n", "```python\n" * 15_000):
+        start = time.monotonic()
+        assert code_reward.compute_score(response, STDIN, timeout_s=1.0) == 0.0
+        assert time.monotonic() - start < 1.0 + 1.0, response[:20]
+    extract = code_reward.extract_code
+    assert extract("```python\na\n```\n```PY\nb\n```\n```\n  \n```") == "b\n"
+    assert extract("````python\nx\n```") == "x\n" and extract("``` python3 \t\nx```") == "x"
+    assert extract("```cpp\nx\n```") is None and extract("```python 3\nx\n```") is None
+    assert extract("```python\nx\n```</think>no block") is None
+    assert extract("```python\nx\n```</think>```\ny\n```") == "y\n"
+    assert extract(block("print(3)") + " " * code_reward.MAX_RESPONSE_CHARS) is None
+
+
+def test_the_entry_point_is_found_in_linear_time():
+    """HumanEval: whether the block defines the entry point (else it is the body, appended to the prompt) is one pass
+    over its lines: 80,000 newlines before the code cost nothing."""
+    start = time.monotonic()
+    assert code_reward.compute_score("```python\n" + "\n" * 80_000 + "x\n```", TRUTH, timeout_s=1.0) == 0.0
+    assert time.monotonic() - start < 1.0 + 1.0
+    spec = json.loads(TRUTH)
+    for code in ("def truncate_number(x):\n", "class A:\n  def  truncate_number (x):\n", "\t\fdef truncate_number(x):"):
+        assert code_reward.build_program(code, spec) == code
+    for code in ("return number % 1.0\n", "def truncate_numbers(x):\n", "x = 'def'\n#def truncate_number(x):\n"):
+        assert code_reward.build_program(code, spec) == TASK["prompt"] + code
+
+
+def test_outputs_compare_as_lazy_token_streams():
+    """Line by line after stripping, token by token, without building the lines."""
+    match = code_reward.outputs_match
+    for got, expected in (("1 2\r\n3\n\n", "1 2\n3"), ("", " \n "), ("1\u20282", "1\n2"), ("\n\n1  2 \n", "1 2"),
+                          ("1\n\n2", "1\n\n2"), ("3.0\n", "3")):
+        assert match(got, expected), (got, expected)
+    for got, expected in (("1\n\n2", "1\n2"), ("1 2", "1\n2"), ("1", "1 1"), ("", "1"), ("1e10000000", "1.5")):
+        assert not match(got, expected), (got, expected)
+
+
+@pytest.mark.parametrize("name", ["empty lines", "nested empty lists"])
+def test_the_trainers_memory_holds_whatever_the_program_answers(name):
+    """3 million empty lines between two numbers for a stdin test, or 2 million empty lists for a function-style one:
+    an answer far longer than the expected one (ANSWER_FACTOR, MIN_ANSWER_BYTES) or with more values than it can
+    hold is not read past its bound, nor parsed; the trainer's peak memory grows by less than 100 MB."""
+    code, truth = {"empty lines": ("print(1)\nprint('\\n' * 3_000_000)\nprint(2)", STDIN),
+                   "nested empty lists": ("class Solution:\n    def add(self, a, b):\n        return [[]] * 2_000_000",
+                                          FUNCTIONAL)}[name]
+    _, got = _in_a_trainer(code, truth, 10.0)  # time enough for the program to write all of it
+    assert got["score"] == 0.0 and got["seconds"] < 10.0 + 1.0, got
+    assert got["grown_mb"] < 100, got
+
+
+def test_large_honest_answers_pass_within_the_bounds():
+    """The bounds hold every answer equal to the expected one: 100,000 numbers written as decimals for integers,
+    20,000 pairs returned as tuples for lists (the longest encoding per value)."""
+    numbers = json.dumps({"kind": "stdin", "tests": [{"input": "", "output": " ".join(map(str, range(100_000)))}]})
+    assert score("print(' '.join(f'{i}.0' for i in range(100_000)))", numbers) == 1.0
+    pairs = json.dumps({"kind": "functional", "fn_name": "add", "tests": [
+        {"input": "1\n2", "output": json.dumps([[i, i + 1] for i in range(20_000)])}]})
+    assert score("class Solution:\n    def add(self, a, b):\n        return tuple((i, i + 1) for i in range(20_000))",
+                 pairs) == 1.0
+
+
+@pytest.mark.parametrize("payload", ["long", "short"])
+def test_the_ready_line_is_the_runners_own(payload):
+    """The runner says ready before any of the program's code runs: a program whose top level writes a ready line of
+    its own (8 MB, or a forged level with a terminal escape) on every descriptor gets nothing printed, nothing kept,
+    and scores 0 (its line is not the loaded line the trainer waits for)."""
+    line = ("b'{\"ready\": \"' + b'x' * (8 << 20) + b'\"}\\n'" if payload == "long"
+            else repr(json.dumps({"ready": "namespaces\x1b[31m forged"}).encode() + b"\n"))
+    code = (f"import os\nline = {line}\nfor fd in range(3, 16):\n    try:\n        os.write(fd, line)\n"
+            "    except OSError:\n        pass\nclass Solution:\n    def add(self, a, b):\n        return a + b\n")
+    printed, got = _in_a_trainer(code, FUNCTIONAL, 5.0)
+    assert got["score"] == 0.0 and got["seconds"] < 5.0 + 1.0, got
+    assert len(printed) < 10_000 and "xxxx" not in printed and "forged" not in printed
+    assert all(a.split(";")[0].split(" (")[0] in code_reward.LEVELS and len(a) < 300 for a in got["announced"]), got
+    assert got["grown_mb"] < 100, got
 
 
 MEMORY_MB = 200

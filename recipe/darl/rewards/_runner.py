@@ -3,10 +3,14 @@
     python -I _runner.py        (started by code_reward.Candidate; standard library only)
 
 Protocol, one JSON document per line. The parent writes a header, {"code", "kind": "stdin" | "call", "name",
-"memory_mb", "cpu_s", "processes", "sandbox": {"level", "root", "uid", "keep"}}; the child answers {"ready": level} (or
-{"error": ...}), then one answer per request: {"stdin": text} -> {"stdout": text, "exit": code}, or {"args": [...]}
--> {"value": v} | {"error": name} for the named function (or `Solution().<name>`). Values travel in the tagged
-encoding of `encode` (exact plain types only). The expected outputs never reach this process.
+"memory_mb", "cpu_s", "processes", "sandbox": {"level", "root", "uid", "keep"}}; the child answers {"ready": level}
+(with "why" where namespaces were asked and not had; or {"error": ...}) before any of the program's code runs, then
+{"loaded": true} (or {"error": name}) once the program is compiled and, for calls, its top level has run; then one
+answer per request: {"stdin": text} -> {"stdout": text, "exit": code}, or {"args": [...]} -> {"value": v} |
+{"error": name} for the named function (or `Solution().<name>`). Values travel in the tagged encoding of `encode`
+(exact plain types only). The expected outputs never reach this process. Everything after the ready line may be the
+program's own writing (it can write on any descriptor): the parent bounds what it reads and decides nothing from it
+but the outputs it compares.
 
 Isolation: "namespaces" or "limits" (docs/rewards.md, "Isolation"), both with resource limits and, under root, a uid
 of its own.
@@ -227,17 +231,18 @@ def set_limits(memory_mb: int, cpu_s: int, processes: int) -> None:
             pass
 
 
-def isolate(sandbox: dict) -> str:
-    """The level this process reached: "namespaces" when asked and the kernel allows it, else "limits"."""
-    level = sandbox.get("level", "limits")
+def isolate(sandbox: dict) -> tuple:
+    """The level this process reached, "namespaces" when asked and the kernel allows it, else "limits"; and why the
+    namespaces were not had where they were asked (announced by the parent), else None."""
+    level, why = sandbox.get("level", "limits"), None
     if level == "namespaces":
         try:
             enter_namespaces(sandbox["root"], sandbox["keep"], sandbox["uid"], sandbox.get("hide", ()))
-            return level
+            return level, None
         except OSError as e:
             if sandbox.get("required"):
                 raise
-            level = f"limits ({e})"  # the fallback, announced by the parent with the reason
+            level, why = "limits", str(e)  # the fallback
     os.chdir(sandbox["root"])
     if os.getuid() == 0:
         closed = [p for p in (sys.prefix, sys.base_prefix) if not _world_traversable(p)]
@@ -247,7 +252,7 @@ def isolate(sandbox: dict) -> str:
                           f"its folders readable by others (chmod o+rx) or allow namespaces")
         drop_root(sandbox["uid"])  # (the parent made the working folder this uid's)
         _libc.prctl(1, 9)  # PR_SET_PDEATHSIG: ends with the process the parent kills
-    return level
+    return level, why
 
 
 def _world_traversable(path: str) -> bool:
@@ -299,7 +304,7 @@ def main() -> int:
         answers.flush()
 
     try:
-        level = isolate(header["sandbox"])
+        level, why = isolate(header["sandbox"])
     except OSError as e:
         answer({"error": f"isolation: {e}"})
         return 1
@@ -311,6 +316,9 @@ def main() -> int:
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
     if level != "namespaces":
         guard(os.getcwd())
+    # ready before any of the program's code runs (compiling runs none): the first line the parent reads is the
+    # runner's own, whatever the program writes later on any descriptor
+    answer({"ready": level} if why is None else {"ready": level, "why": why})
     kind, name = header["kind"], header.get("name")
     try:
         program = compile(PRELUDE + header["code"], "<solution>", "exec")
@@ -321,7 +329,7 @@ def main() -> int:
     except BaseException as e:  # noqa: BLE001
         answer({"error": type(e).__name__})
         return 1
-    answer({"ready": level})
+    answer({"loaded": True})
     for line in requests:
         request = json.loads(line)
         if kind == "stdin":

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 
 from recipe.darl.rewards._runner import decode, encode
@@ -37,9 +37,21 @@ STDLIB = os.path.dirname(os.path.realpath(os.__file__))  # the interpreter's sta
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_MB = 1024
 SANDBOXES = ("auto", "namespaces", "limits")
+MAX_RESPONSE_CHARS = 512 * 1024  # a longer response scores 0, unparsed
+# What is read from the program, in bytes of one answer line: never more than MAX_ANSWER_BYTES; where the expected
+# output is known (stdin and functional tests), never more than ANSWER_FACTOR times its size, or MIN_ANSWER_BYTES when
+# that is larger, and never more JSON values than an answer equal to it can hold (`_answer_bounds`); a function's
+# answer in an assert task (no expected output here) at most MAX_CALL_BYTES and MAX_CALL_VALUES; the runner's own
+# messages (ready, loaded) at most MAX_CONTROL_BYTES. Past a bound the answer is not parsed, and the score is 0.
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
+MIN_ANSWER_BYTES = 64 * 1024
+ANSWER_FACTOR = 16
+MAX_CALL_BYTES = 4 * 1024 * 1024
+MAX_CALL_VALUES = 250_000
+MAX_CONTROL_BYTES = 4096
 MAX_PROCESSES = 32  # a program's processes and threads, where a cgroup bounds their memory together
-_CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+LEVELS = ("namespaces", "limits")  # what the runner may report as ready
+_LANGUAGES = frozenset({"", "py", "python", "python3"})  # an opening fence's tag, any case
 _uids = itertools.count()
 _announced: set[str] = set()
 _announce_lock = threading.Lock()
@@ -50,17 +62,58 @@ class CandidateFailed(Exception):
 
 
 def extract_code(response: str) -> str | None:
-    """The last fenced code block after any `</think>`; None when the response has none."""
-    blocks = [b for b in _CODE_BLOCK.findall(response.rsplit("</think>", 1)[-1]) if b.strip()]
-    return blocks[-1] if blocks else None
+    """The last non-empty fenced code block after any `</think>`: an opening fence of three backticks, an optional tag
+    python, python3 or py (any case) between spaces or tabs, a newline, then everything up to the next three backticks.
+    None when the response has none, or is longer than MAX_RESPONSE_CHARS. One pass over the text with `str.find`
+    (no regular expression): linear in the response's length."""
+    if not isinstance(response, str) or len(response) > MAX_RESPONSE_CHARS:
+        return None
+    cut = response.rfind("</think>")
+    text = response if cut < 0 else response[cut + len("</think>"):]
+    found, pos, line_end = None, 0, -1
+    while (start := text.find("```", pos)) >= 0:
+        if line_end < start + 3:
+            line_end = text.find("\n", start + 3)
+            if line_end < 0:  # no opening line ends: no block from here on
+                break
+        if text.find("`", start + 3, line_end) >= 0:  # not an opening line; a fence may begin inside it
+            pos = start + 1
+            continue
+        if text[start + 3:line_end].strip(" \t").lower() not in _LANGUAGES:
+            pos = line_end + 1
+            continue
+        end = text.find("```", line_end + 1)
+        if end < 0:  # an open block never closed: nothing after it is a block either
+            break
+        body = text[line_end + 1:end]
+        if body and not body.isspace():
+            found = body
+        pos = end + 3
+    return found
+
+
+def _defines(code: str, name: str) -> bool:
+    """Some line of `code` is `def <name>(` after leading whitespace (spaces around the name allowed): one pass."""
+    if "def" not in code:
+        return False
+    start = 0
+    while start <= len(code):
+        end = code.find("\n", start)
+        if end < 0:
+            end = len(code)
+        line = code[start:end].lstrip()
+        if line.startswith("def") and line[3:4].isspace():
+            rest = line[3:].lstrip()
+            if rest.startswith(name) and rest[len(name):].lstrip().startswith("("):
+                return True
+        start = end + 1
+    return False
 
 
 def build_program(code: str, spec: dict) -> str:
     """HumanEval: a completion that only has the body (no `def <entry_point>`) is appended to the prompt."""
-    if spec.get("kind") == "assert":
-        entry = spec.get("entry_point", "")
-        if not re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE):
-            return spec.get("prompt", "") + code
+    if spec.get("kind") == "assert" and not _defines(code, spec.get("entry_point", "")):
+        return spec.get("prompt", "") + code
     return code
 
 
@@ -105,7 +158,7 @@ class Candidate:
         # -S: no site module, so no installed packages on the program's path (the runner needs the standard library only)
         self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(RUNNER)], cwd=self.work, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-        self.buffer = b""
+        self.buffer = bytearray()
         try:
             # the runner waits for its header, so it joins before any of the program's code runs
             if self.cgroup is not None:
@@ -116,13 +169,20 @@ class Candidate:
                     self.cgroup = None
             # without a cgroup, one process (no fork, no thread) under RLIMIT_AS bounds the program's memory
             header["processes"] = MAX_PROCESSES if self.cgroup is not None else 1
-            answer = self.ask(header)
-            if "ready" not in answer:
-                raise CandidateFailed(answer.get("error", "the program did not load"))
+            # the runner says ready before any of the program's code runs, so this line is the runner's own; the
+            # level is one of LEVELS, the fallback's reason kept short and printable
+            ready = self.ask(header, max_bytes=MAX_CONTROL_BYTES)
+            if ready.get("ready") not in LEVELS:
+                raise CandidateFailed(_said(ready, "the sandbox did not start", limit=1000))
+            level, why = ready["ready"], ready.get("why")
+            # then the program is compiled and, for calls, its top level run: what follows may be the program's
+            loaded = self._receive(MAX_CONTROL_BYTES)
+            if loaded.get("loaded") is not True:
+                raise CandidateFailed(_said(loaded, "the program did not load"))
         except BaseException:
             self.close()
             raise
-        self.level: str = answer["ready"]
+        self.level: str = level if not isinstance(why, str) or level == "namespaces" else f"{level} ({_printable(why)})"
         _announce(f"{self.level}; memory per program: {self.memory}")
 
     @property
@@ -149,25 +209,35 @@ class Candidate:
                 except OSError as e:  # the child closed its end
                     raise CandidateFailed("the program exited") from e
 
-    def ask(self, message: dict) -> dict:
+    def ask(self, message: dict, max_bytes: int = MAX_ANSWER_BYTES, max_values: int | None = None) -> dict:
+        """Sends `message`; the answer line, parsed only when within `max_bytes` and `max_values` (`_values`)."""
         self._send(json.dumps(message).encode() + b"\n")
-        fd = self.proc.stdout.fileno()
+        return self._receive(max_bytes, max_values)
+
+    def _receive(self, max_bytes: int, max_values: int | None = None) -> dict:
+        fd, seen = self.proc.stdout.fileno(), 0
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
-            while b"\n" not in self.buffer:
+            while (end := self.buffer.find(b"\n", seen)) < 0:
+                seen = len(self.buffer)
+                if seen > max_bytes:
+                    raise CandidateFailed("answer too long")
                 left = self.deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
                     raise CandidateFailed("time limit")
-                chunk = os.read(fd, 1 << 20)
+                chunk = os.read(fd, min(1 << 20, max_bytes + 2 - seen))
                 if not chunk:
                     raise CandidateFailed("the program exited")
                 self.buffer += chunk
-                if len(self.buffer) > MAX_ANSWER_BYTES:
-                    raise CandidateFailed("answer too long")
-        line, self.buffer = self.buffer.split(b"\n", 1)
+        if end > max_bytes:
+            raise CandidateFailed("answer too long")
+        line = bytes(self.buffer[:end])
+        del self.buffer[:end + 1]
+        if max_values is not None and _values(line) > max_values:
+            raise CandidateFailed("answer has too many values")
         try:
             answer = json.loads(line)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise CandidateFailed("unreadable answer") from e
         if not isinstance(answer, dict):
             raise CandidateFailed("unreadable answer")
@@ -200,6 +270,37 @@ def _kill_uid(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
+def _printable(text: str, limit: int = 200) -> str:
+    """`text` cut to `limit` characters, anything unprintable shown as `?`."""
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
+def _said(answer: dict, default: str, limit: int = 100) -> str:
+    """The error an answer names, short and printable (the words of a failing start, never kept)."""
+    error = answer.get("error")
+    return _printable(error, limit) if isinstance(error, str) else default
+
+
+def _values(line: bytes) -> int:
+    """An upper bound of the number of JSON values in `line`, counted without parsing: every value but the first
+    follows one of `[{,:` (a key follows `{` or `,`)."""
+    return 1 + line.count(b"[") + line.count(b"{") + line.count(b",") + line.count(b":")
+
+
+def _answer_bounds(expected, kind: str) -> tuple[int, int]:
+    """(bytes, values) of an answer line worth parsing, for the expected stdout or return value: a passing answer, as
+    the runner writes it, is within both. Its values: a passing stdout has the expected output's tokens (whitespace and
+    decimals aside, none holds `[{,:`); a passing return value has the expected value's containers, each list at most
+    a tuple (5 marks instead of 1). Its bytes: ANSWER_FACTOR times the expected answer's (decimals written longer,
+    tuples' tags), MIN_ANSWER_BYTES at least, MAX_ANSWER_BYTES at most."""
+    if kind == "stdin":
+        text, factor = json.dumps({"stdout": str(expected), "exit": 0}).encode(), 1
+    else:
+        text, factor = json.dumps({"value": encode(expected)}).encode(), 5
+    size = min(MAX_ANSWER_BYTES, max(MIN_ANSWER_BYTES, ANSWER_FACTOR * len(text)))
+    return size, factor * _values(text) + 64
+
+
 def _announce(level: str) -> None:
     with _announce_lock:
         if level not in _announced:
@@ -217,38 +318,63 @@ def _tokens_match(got: str, expected: str) -> bool:
         return True
     try:
         a, b = Decimal(got), Decimal(expected)
-    except InvalidOperation:
+        if not (a.is_finite() and b.is_finite()):
+            return False
+        if a == b:
+            return True
+        if _INTEGER.fullmatch(expected):
+            return False
+        return abs(a - b) <= max(Decimal("1e-6"), Decimal("1e-6") * abs(b))
+    except ArithmeticError:  # not a number (InvalidOperation), or a difference past the context's exponents (Overflow)
         return False
-    if not (a.is_finite() and b.is_finite()):
-        return False
-    if a == b:
-        return True
-    if _INTEGER.fullmatch(expected):
-        return False
-    return abs(a - b) <= max(Decimal("1e-6"), Decimal("1e-6") * abs(b))
+
+
+# a line break as `str.splitlines` sees one, or a token as `str.split` does (a run of non-whitespace)
+_BREAK_OR_TOKEN = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]|\S+")
+
+
+def _tokens(text: str):
+    """(line breaks since the previous token, token) for each token of `text`, lazily: one token in memory at a
+    time. The first token's count is 0 and breaks after the last are not reported (the text stripped)."""
+    breaks, first = 0, True
+    for match in _BREAK_OR_TOKEN.finditer(text):
+        item = match.group()
+        if item[0].isspace():
+            breaks += 1
+        else:
+            yield (0 if first else breaks), item
+            breaks, first = 0, False
 
 
 def outputs_match(got: str, expected: str) -> bool:
-    """Line by line after stripping, token by token (`_tokens_match`)."""
-    got_lines = [line.split() for line in got.strip().splitlines()]
-    exp_lines = [line.split() for line in expected.strip().splitlines()]
-    return len(got_lines) == len(exp_lines) and all(
-        len(g) == len(e) and all(_tokens_match(a, b) for a, b in zip(g, e)) for g, e in zip(got_lines, exp_lines))
+    """Line by line after stripping, token by token (`_tokens_match`): the same tokens with the same line breaks
+    between them, compared as two lazy streams (nothing the size of the output is built)."""
+    if got == expected:
+        return True
+    for g, e in itertools.zip_longest(_tokens(got), _tokens(expected)):
+        if g is None or e is None or g[0] != e[0] or not _tokens_match(g[1], e[1]):
+            return False
+    return True
 
 
-def _as_lists(value):
-    """Tuples compare as lists (a JSON expected output has no tuples)."""
-    if isinstance(value, (list, tuple)):
-        return [_as_lists(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _as_lists(v) for k, v in value.items()}
-    return value
+def _same(got, expected) -> bool:
+    """`got == expected` with tuples as lists (a JSON expected output has no tuples), walked in place: no copy of the
+    answer (`decode` bounds it in values and depth)."""
+    if isinstance(got, (list, tuple)):
+        return (isinstance(expected, (list, tuple)) and len(got) == len(expected)
+                and all(_same(a, b) for a, b in zip(got, expected)))
+    if isinstance(got, dict):
+        return (isinstance(expected, dict) and len(got) == len(expected)
+                and all(k in expected and _same(v, expected[k]) for k, v in got.items()))
+    if isinstance(expected, (list, tuple, dict)):
+        return False
+    return got == expected
 
 
-def _call(candidate: Candidate, args: list):
-    answer = candidate.ask({"args": encode(list(args))})
+def _call(candidate: Candidate, args: list, bounds: tuple[int, int] = (MAX_CALL_BYTES, MAX_CALL_VALUES)):
+    answer = candidate.ask({"args": encode(list(args))}, *bounds)
     if "value" not in answer:
-        raise CandidateFailed(answer.get("error", "no value"))
+        raise CandidateFailed(_said(answer, "no value"))
     try:  # bounded in size and depth, and by the program's deadline while it is built
         value = decode(answer["value"], deadline=candidate.deadline)
     except (ValueError, TimeoutError, KeyError, TypeError) as e:
@@ -261,14 +387,17 @@ def _call(candidate: Candidate, args: list):
 def _passes(candidate: Candidate, spec: dict) -> bool:
     if spec["kind"] == "stdin":
         for test in spec["tests"]:
-            answer = candidate.ask({"stdin": test["input"]})
-            if answer.get("exit") != 0 or not outputs_match(str(answer.get("stdout", "")), test["output"]):
+            expected = test["output"]
+            answer = candidate.ask({"stdin": test["input"]}, *_answer_bounds(expected, "stdin"))
+            stdout = answer.get("stdout")
+            if answer.get("exit") != 0 or not isinstance(stdout, str) or not outputs_match(stdout, expected):
                 return False
         return True
     if spec["kind"] == "functional":
         for test in spec["tests"]:
             args = [json.loads(line) for line in test["input"].split("\n") if line.strip()]  # one argument a line
-            if _as_lists(_call(candidate, args)) != _as_lists(json.loads(test["output"])):
+            expected = json.loads(test["output"])
+            if not _same(_call(candidate, args, _answer_bounds(expected, "functional")), expected):
                 return False
         return True
     # assert: the task's own check, here, with a proxy for the model's function
