@@ -1,8 +1,11 @@
-# Shared part of the D-ARL launch scripts (sourced, not run). A script calls
-#     darl_setup <model: 1.7b | 4b> <dataset: gsm8k | math> <trainer GPUs> <rollout GPUs>
-#     darl_run <its own Hydra overrides> "$@"
-# darl_run starts `python -m recipe.darl.main_one_step_off` with the common overrides below, then the script's,
-# then the command line's ("$@"; Hydra: the last value of a key wins, `+key=value` adds a key).
+# Shared part of the D-ARL launch scripts (sourced, not run). A script's body is `darl_script "${BASH_SOURCE[0]}" "$@"`:
+# its file name says what runs,
+#     <trainer>_grpo_<model>_<dataset>_fsdp2_<trainer GPUs>_<rollout GPUs>_replay_4_<configuration>.sh
+# trainer: one_step_off | fully_async | v1_separate_async; model: 1.7b | 4b; dataset: gsm8k | math; configuration:
+# async (preset naive), decoupled (preset decoupled), pmis_sg (preset darl_tokens_e2, D-ARL), pmis_sg_darts (the same
+# with DARTS). The command is `python -m recipe.darl.main_<trainer>` with the common overrides below, then
+# `preset=<name>` (PRESET, docs/config.md#configurations), then the command line's ("$@"; Hydra: the last value of a
+# key wins, `+key=value` adds a key).
 #
 # Environment variables (all optional; defaults in brackets):
 #   PYTHON            python interpreter [python3]
@@ -40,11 +43,15 @@
 #   CKPT_ROOT         checkpoints go to $CKPT_ROOT/$PROJECT_NAME/$EXPERIMENT_NAME [$HOME/checkpoints]
 #   CKPT_DIR          or set that folder directly; it must stay the same across restarts for resume
 #   RESUME_MODE       trainer.resume_mode: auto (latest checkpoint in CKPT_DIR, if any) | disable | resume_path [auto]
+#   PRESET            the configuration (docs/config.md#configurations) [from the script's name; another one adds
+#                     _<PRESET> to EXPERIMENT_NAME, so its checkpoints are its own]
 #   DARL_DRY_RUN      1: print the resolved config and exit before Ray starts (no GPU needed)
 #   DARL_PRINT_CMD    1: print the command instead of running it
 
 # True when wandb can log in without asking: WANDB_API_KEY, or a key for its host in the netrc file `wandb login`
 # writes (the same test as recipe/darl/checks/preflight.py, which refuses a wandb logger without them).
+source "$(dirname "${BASH_SOURCE[0]}")/configuration.sh"
+
 darl_wandb_configured() {
     [[ -n "${WANDB_API_KEY:-}" ]] && return 0
     local host="${WANDB_BASE_URL:-https://api.wandb.ai}"
@@ -93,7 +100,7 @@ darl_setup() {
     TEST_FREQ="${TEST_FREQ:-10}"
     ENABLE_THINKING="${ENABLE_THINKING:-false}"
     PROJECT_NAME="${PROJECT_NAME:-darl}"
-    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)${SEED:+_seed$SEED}}"
+    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)$(darl_preset_suffix)${SEED:+_seed$SEED}}"
     if [[ -z "${LOGGER:-}" ]]; then
         if darl_wandb_configured; then LOGGER='["console","tensorboard","wandb"]'; else LOGGER='["console","tensorboard"]'; fi
     fi
@@ -189,6 +196,28 @@ darl_setup() {
     fi
 }
 
+# a launch script's whole body: what its file name says (the header of this file)
+darl_script() {
+    local name re='^(one_step_off|fully_async|v1_separate_async)_grpo_([0-9.]+b)_([a-z0-9]+)_fsdp2_([0-9]+)_([0-9]+)_replay_4_([a-z_]+)$'
+    name="$(basename "$1" .sh)"
+    shift
+    [[ "$name" =~ $re ]] || { echo "common.sh: '$name' is not <trainer>_grpo_<model>_<dataset>_fsdp2_<T>_<R>_replay_4_<configuration>" >&2; return 2; }
+    local trainer="${BASH_REMATCH[1]}" model="${BASH_REMATCH[2]}" dataset="${BASH_REMATCH[3]}"
+    local trainer_gpus="${BASH_REMATCH[4]}" rollout_gpus="${BASH_REMATCH[5]}"
+    darl_configuration "${BASH_REMATCH[6]}" "$@" || return
+    local a args=()
+    for a in "$@"; do [[ "$a" == preset=* ]] || args+=("$a"); done
+    if [[ "$trainer" == v1_separate_async ]]; then  # one mini-batch a step (darl_v1_run)
+        TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-32}" MINI_BATCH_SIZE="${MINI_BATCH_SIZE:-${TRAIN_BATCH_SIZE:-32}}"
+    fi
+    darl_setup "$model" "$dataset" "$trainer_gpus" "$rollout_gpus" || return
+    case "$trainer" in
+        one_step_off) darl_run "${DARL_CONFIG_ARGS[@]}" "${args[@]}" ;;
+        fully_async) darl_fully_async_run "${DARL_CONFIG_ARGS[@]}" "${args[@]}" ;;
+        v1_separate_async) darl_v1_run "${DARL_CONFIG_ARGS[@]}" "${args[@]}" ;;
+    esac
+}
+
 darl_run() {
     local cmd=("$PYTHON" -m "${DARL_MAIN:-recipe.darl.main_one_step_off}" "${DARL_COMMON_ARGS[@]}" "$@")
     if [[ -n "${DARL_PRINT_CMD:-}" && "${DARL_PRINT_CMD}" != 0 ]]; then
@@ -205,7 +234,7 @@ darl_run() {
 # verl's fully-async pipeline (recipe.darl.main_fully_async): a rollouter streams groups into verl's MessageQueue,
 # each trainer step takes MINI_BATCH_SIZE * REQUIRE_BATCHES prompts, weights sync every SYNC_STEPS steps, and the
 # rollouter may run STALENESS_THRESHOLD syncs' worth of samples ahead. Variables [defaults]:
-#   REQUIRE_BATCHES [1]  SYNC_STEPS [4]  STALENESS_THRESHOLD [0.5]  PARTIAL_ROLLOUT [true]
+#   REQUIRE_BATCHES [1]  SYNC_STEPS [4]  STALENESS_THRESHOLD [0.5; 0 with preset=sync]  PARTIAL_ROLLOUT [true; false with sync]
 #   TOTAL_ROLLOUT_PROMPTS prompts the rollouter generates in all [20000]
 darl_fully_async_run() {
     DARL_MAIN=recipe.darl.main_fully_async darl_run \
@@ -214,8 +243,7 @@ darl_fully_async_run() {
         "rollout.n=$N_RESPONSES" \
         "async_training.require_batches=${REQUIRE_BATCHES:-1}" \
         "async_training.trigger_parameter_sync_step=${SYNC_STEPS:-4}" \
-        "async_training.staleness_threshold=${STALENESS_THRESHOLD:-0.5}" \
-        "async_training.partial_rollout=${PARTIAL_ROLLOUT:-true}" \
+        $(darl_staleness_args 0.5) \
         "$@"
 }
 

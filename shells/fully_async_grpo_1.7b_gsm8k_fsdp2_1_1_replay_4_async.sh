@@ -1,13 +1,8 @@
 #!/usr/bin/env bash
-# Qwen3-1.7B on GSM8K through verl's fully-async pipeline, FSDP2 trainer on 1 GPU, vLLM rollouter on 1 GPU,
-# configuration `_async`: verl's fully-async trainer as shipped: no replay, PPO-clip against the rollout log-probs (bypass mode).
-# Environment variables: shells/common.sh (REQUIRE_BATCHES, SYNC_STEPS, STALENESS_THRESHOLD among them).
-# Not yet run on a GPU (docs/running.md, 'What has run where').
+# Qwen3-1.7B on GSM8K, fully-async: FSDP2 trainer on 1 GPU(s), vLLM rollout on 1 GPU(s);
+# verl's trainer as shipped (preset naive: PPO-clip against the rollout's log-probs).
+# The name says what runs (shells/common.sh); PRESET=<name> runs another configuration (docs/config.md); variables:
+# shells/common.sh; extra arguments are Hydra overrides, e.g. trainer.total_training_steps=200.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-darl_setup 1.7b gsm8k 1 1
-
-darl_fully_async_run \
-    algorithm.rollout_correction.bypass_mode=true \
-    replay.enable=false \
-    "$@"
+darl_script "${BASH_SOURCE[0]}" "$@"

@@ -1,23 +1,8 @@
 #!/usr/bin/env bash
-# Qwen3-1.7B on GSM8K through verl's fully-async pipeline, FSDP2 trainer on 1 GPU, vLLM rollouter on 1 GPU,
-# configuration `_pmis_sg`: D-ARL, the preset (docs/algorithm.md): replay over K = 4 parameter versions, fresh groups first
-# plus least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2;
-# per-prompt replay in the place of groups without advantage (replay.prompt_replay=false turns it off).
-# Environment variables: shells/common.sh (REQUIRE_BATCHES, SYNC_STEPS, STALENESS_THRESHOLD among them).
-# Not yet run on a GPU (docs/running.md, 'What has run where').
-# Two passes a step (ppo_epochs=2), sources weighted by tokens: the preset held-out seeds support (docs/evidence.md).
+# Qwen3-1.7B on GSM8K, fully-async: FSDP2 trainer on 1 GPU(s), vLLM rollout on 1 GPU(s);
+# D-ARL (preset darl_tokens_e2).
+# The name says what runs (shells/common.sh); PRESET=<name> runs another configuration (docs/config.md); variables:
+# shells/common.sh; extra arguments are Hydra overrides, e.g. trainer.total_training_steps=200.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-darl_setup 1.7b gsm8k 1 1
-
-darl_fully_async_run \
-    algorithm.rollout_correction.bypass_mode=false \
-    algorithm.rollout_is=true \
-    algorithm.rollout_is_threshold=2.0 \
-    actor_rollout_ref.actor.ppo_epochs=2 \
-    replay.enable=true \
-    replay.k=4 \
-    replay.pmis=true \
-    replay.stop_grad=true \
-    replay.warmup=5 \
-    "$@"
+darl_script "${BASH_SOURCE[0]}" "$@"

@@ -1,15 +1,8 @@
 #!/usr/bin/env bash
-# Qwen3-1.7B on GSM8K, FSDP2 trainer on 1 GPU, vLLM rollout on 1 GPU (one-step-off), configuration `_decoupled`:
-# AReaL-style decoupled PPO: old log-probs recomputed by the current weights, token-level truncated IS (C = 2).
-# Environment variables (model, data, GPUs, logger, checkpoints): see shells/common.sh.
-# Extra arguments are Hydra overrides, e.g. `bash one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_decoupled.sh trainer.total_training_steps=200`.
+# Qwen3-1.7B on GSM8K, one-step-off: FSDP2 trainer on 1 GPU(s), vLLM rollout on 1 GPU(s);
+# decoupled PPO (preset decoupled).
+# The name says what runs (shells/common.sh); PRESET=<name> runs another configuration (docs/config.md); variables:
+# shells/common.sh; extra arguments are Hydra overrides, e.g. trainer.total_training_steps=200.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-darl_setup 1.7b gsm8k 1 1
-
-darl_run \
-    algorithm.rollout_correction.bypass_mode=false \
-    algorithm.rollout_is=true \
-    algorithm.rollout_is_threshold=2.0 \
-    replay.enable=false \
-    "$@"
+darl_script "${BASH_SOURCE[0]}" "$@"

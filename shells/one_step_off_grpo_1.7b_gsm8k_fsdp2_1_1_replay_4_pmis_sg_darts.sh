@@ -1,24 +1,8 @@
 #!/usr/bin/env bash
-# Qwen3-1.7B on GSM8K, FSDP2 trainer on 1 GPU, vLLM rollout on 1 GPU (one-step-off): the preset (as in the `_pmis_sg`
-# script) plus DARTS (docs/darts.md) with the released code's defaults: adaptive redundancy (n = 8: r_i in [10, 16],
-# mean 12), L_i = (16 - r_i) // 2, after 10 warm-up steps of r = 12 with every tail aborted once n finished (L = 0).
-# Environment variables: shells/common.sh.
-# Not yet run on a GPU (docs/running.md, 'What has run where').
-# Two passes a step (ppo_epochs=2), sources weighted by tokens: the preset held-out seeds support (docs/evidence.md).
+# Qwen3-1.7B on GSM8K, one-step-off: FSDP2 trainer on 1 GPU(s), vLLM rollout on 1 GPU(s);
+# D-ARL (preset darl_tokens_e2) with DARTS's redundant rollouts and tail cutting.
+# The name says what runs (shells/common.sh); PRESET=<name> runs another configuration (docs/config.md); variables:
+# shells/common.sh; extra arguments are Hydra overrides, e.g. trainer.total_training_steps=200.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-darl_setup 1.7b gsm8k 1 1
-
-darl_run \
-    algorithm.rollout_correction.bypass_mode=false \
-    algorithm.rollout_is=true \
-    algorithm.rollout_is_threshold=2.0 \
-    actor_rollout_ref.actor.ppo_epochs=2 \
-    replay.enable=true \
-    replay.k=4 \
-    replay.pmis=true \
-    replay.stop_grad=true \
-    replay.warmup=5 \
-    rollout_shaping.enable=true \
-    rollout_shaping.adaptive=true \
-    "$@"
+darl_script "${BASH_SOURCE[0]}" "$@"

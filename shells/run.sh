@@ -117,7 +117,7 @@ script_gpu_needs() {  # script_gpu_needs SCRIPT_FILE [overrides...]: fills NEEDS
     local file="$1" out tn tg rn rg
     shift
     NEEDS=()
-    if grep -qs 'darl_setup' "$file"; then
+    if grep -qsE '(^|[^_[:alnum:]])darl_(setup|script) ' "$file"; then  # a GPU launch script (shells/common.sh)
         if ! out="$(DARL_PRINT_CMD=1 DRY_RUN=0 bash "$file" "$@" 2>/dev/null)"; then
             log "warning: $SCRIPT failed to print its command (DARL_PRINT_CMD=1); its GPU needs are not checked"
             return 0

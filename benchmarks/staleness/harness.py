@@ -158,6 +158,32 @@ class HarnessConfig:
         return "-".join(parts)
 
 
+def preset_overrides(name: str) -> dict[str, Any]:
+    """`HarnessConfig` keys of the named configuration, read from the file the trainers select with `preset=name`
+    (recipe/darl/config/preset/<name>.yaml); "staleness": 0 where it holds the rollouter on-policy (`sync`)."""
+    from recipe.darl.config import presets
+
+    values = presets.load(name)
+    replay, corr = values["replay"], values["algorithm"]["rollout_correction"]
+    out: dict[str, Any] = {"epochs": int(values["actor_rollout_ref"]["actor"]["ppo_epochs"])}
+    if name == presets.ON_POLICY:
+        out["staleness"] = 0
+    threshold = corr["rollout_is_threshold"]
+    if corr["bypass_mode"]:
+        out["method"] = "naive"
+    elif isinstance(threshold, str):  # verl's "low_high" bounds: IcePop
+        low, high = (float(x) for x in threshold.split("_"))
+        out.update(method="icepop", icepop_low=low, icepop_high=high)
+    else:
+        out.update(method="darl" if replay["enable"] else "decoupled", threshold=float(threshold))
+    if replay["enable"]:
+        if out["method"] != "darl":
+            raise ValueError(f"preset {name}: replay needs recomputed old log-probs and a float C")
+        harness_keys = {f.name for f in dataclasses.fields(HarnessConfig)}
+        out.update({key: value for key, value in replay.items() if key in harness_keys and key != "enable"})
+    return out
+
+
 # ---- data ------------------------------------------------------------------------------------
 
 def split_problems(config: HarnessConfig) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

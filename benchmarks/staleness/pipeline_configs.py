@@ -1,56 +1,30 @@
-"""The study's configurations as verl's trainers run them: each name of `run_study.METHODS` as a CPU launch script
-(shells/cpu/<trainer>_grpo_tiny_arith_cpu_replay_4_<script>.sh) and the Hydra overrides that make it the same
-configuration, so the held-out stage through the pipeline runs whatever the development stage chose.
+"""The study's configurations as verl's trainers run them: a named configuration (recipe/darl/config/preset/) through
+the CPU launch script of its kind (shells/cpu/<trainer>_grpo_tiny_arith_cpu_replay_4_<script>.sh) with
+`preset=<name>`, the file the harness reads too (`harness.preset_overrides`).
 
     python -m benchmarks.staleness.pipeline_configs darl_tokens_e2     # prints: the script suffix, then the overrides
 
-The harness's replay settings are `replay.*` keys of the same names (`HarnessConfig.replay_config`), every one of
-them pinned (the CPU scripts' own `replay.warmup=2` for short runs included), `epochs` is verl's `actor.ppo_epochs`
-(always pinned); `icepop` is the decoupled script with verl's `decoupled_token_icepop` bounds; `sync` is
-decoupled PPO with the fully-async rollouter held to staleness 0 (environment, not overrides).
+`sync` holds the fully-async rollouter at staleness 0 (its preset, and STALENESS_THRESHOLD / PARTIAL_ROLLOUT in the
+environment, which the pipeline stage sets for every other configuration).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-from typing import Any
 
-from benchmarks.staleness.harness import HarnessConfig
-from benchmarks.staleness.run_study import METHODS
-from recipe.darl.core.config import ReplayConfig
+from benchmarks.staleness.harness import preset_overrides
+from recipe.darl.config import presets
 
 SCRIPTS = {"naive": "async", "decoupled": "decoupled", "icepop": "decoupled", "darl": "pmis_sg"}
-# the replay settings the harness has: every one is pinned
-REPLAY_KEYS = tuple(f.name for f in dataclasses.fields(ReplayConfig)
-                    if f.name != "enable" and f.name in {g.name for g in dataclasses.fields(HarnessConfig)})
-ICEPOP_BOUNDS = "0.5_5.0"  # verl's RolloutCorrectionConfig.decoupled_token_icepop(): lower_upper
-
-
-def _hydra(value: Any) -> str:
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def launch(name: str) -> tuple[str, list[str], dict[str, str]]:
-    """(script suffix, Hydra overrides, environment) of the study's configuration `name`."""
-    if name not in METHODS:
-        raise KeyError(f"{name!r} is not a configuration of benchmarks/staleness/run_study.py (METHODS)")
-    spec = dict(METHODS[name])
-    method = spec.pop("method")
-    overrides, env = [], {}
-    if spec.pop("staleness", None) == 0:  # on-policy: the rollouter never runs ahead
-        env = {"STALENESS_THRESHOLD": "0", "PARTIAL_ROLLOUT": "false"}
-    # pinned even at 1: the `_pmis_sg` scripts run the preset's two passes
-    overrides.append(f"actor_rollout_ref.actor.ppo_epochs={spec.pop('epochs', 1)}")
-    if method == "icepop":  # the script's alias threshold (C = 2) goes; verl's IcePop bounds take its place
-        overrides += ["~algorithm.rollout_is_threshold", f"algorithm.rollout_correction.rollout_is_threshold={ICEPOP_BOUNDS}"]
-    unknown = sorted(set(spec) - set(REPLAY_KEYS))
-    if unknown or (spec and method != "darl"):
-        raise ValueError(f"{name}: no launch-script override for {unknown or sorted(spec)}")
-    if method == "darl":
-        harness = HarnessConfig(method="darl", **spec)
-        overrides += [f"replay.{key}={_hydra(getattr(harness, key))}" for key in REPLAY_KEYS]
-    return SCRIPTS[method], overrides, env
+    """(script suffix, Hydra overrides, environment) of the named configuration `name`."""
+    if name not in presets.names():
+        raise KeyError(f"{name!r} is not a configuration of recipe/darl/config/preset/ ({', '.join(presets.names())})")
+    spec = preset_overrides(name)
+    env = {"STALENESS_THRESHOLD": "0", "PARTIAL_ROLLOUT": "false"} if spec.get("staleness") == 0 else {}
+    return SCRIPTS[spec["method"]], [f"preset={name}"], env
 
 
 if __name__ == "__main__":

@@ -27,45 +27,15 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads (the harness imports it)
 
-# name -> HarnessConfig overrides ("staleness" pins a method's staleness whatever the cell's). The names are the
-# configurations docs/evidence.md reports; archived runs of earlier designs carry the names of names.py.
-METHODS: dict[str, dict[str, Any]] = {
-    "sync": {"method": "decoupled", "staleness": 0},  # on-policy training (s = 0): the reference staleness is measured against
-    "naive": {"method": "naive"},
-    "decoupled": {"method": "decoupled"},
-    "equal_update": {"method": "decoupled", "epochs": 2},
-    "icepop": {"method": "icepop"},  # verl's decoupled_token_icepop: token weights zeroed outside [0.5, 5]  # two passes: as many optimizer updates as the preset's replay
-    # the preset before the held-out stage: one pass, sources weighted by ESS (`replay.source_weight=ess`); every name
-    # below pins its source weights, so an archived name keeps its meaning. The preset `replay.enable=true` resolves
-    # to with the `_pmis_sg` scripts' two passes is `darl_tokens_e2` (tests/staleness checks the two agree).
-    "darl": {"method": "darl", "prompt_replay": 16, "source_weight": "ess"},
-    # the group-replay preset: `darl` without per-prompt replay (replay.prompt_replay=false)
-    "darl_no_prompt": {"method": "darl", "prompt_replay": False, "source_weight": "ess"},
-    # the preset's controls without replay: decoupled PPO + m2 gate + behavior trust region (replay.k=1)
-    "gates_only": {"method": "darl", "k": 1, "warmup": 0, "filter_zero_adv": False, "prompt_replay": False,
-                   "source_weight": "ess"},
-    # simple reuse a reviewer asks for: uniform FIFO replay over K versions (replay.pmis=false: newest first, no
-    # selection rules, no gates, each sample's own truncated weight), and per-prompt replay alone on decoupled PPO
-    "uniform_replay": {"method": "darl", "pmis": False},
-    "decoupled_prompt": {"method": "darl", "k": 1, "pmis": False, "prompt_replay": 16},
-    # D-ARL's own parts, one off at a time from the preset
-    "darl_k1": {"method": "darl", "k": 1, "prompt_replay": 16, "source_weight": "ess"},  # no group replay (K = 1)
-    "darl_own": {"method": "darl", "behavior_weight": "own", "prompt_replay": 16,  # PMIS off: own behavior weights
-                 "source_weight": "ess"},
-    "darl_tokens": {"method": "darl", "source_weight": "tokens", "prompt_replay": 16},  # sources weighted by tokens
-    "darl_newest": {"method": "darl", "order": "newest", "ratio": False, "prompt_replay": 16,  # selection off
-                    "source_weight": "ess"},
-}
-# each of the reuse methods with two passes over its step's batch (verl's ppo_epochs=2), as equal_update is to decoupled
-METHODS.update({f"{name}_e2": {**METHODS[name], "epochs": 2} for name in
-                ("darl", "darl_no_prompt", "uniform_replay", "decoupled_prompt", "darl_k1", "darl_own", "darl_tokens",
-                 "darl_newest")})
-# replay's own share (docs/evidence/protocol.md, section 5): the preset with replay off (no group replay, no
-# per-prompt replay), everything else the preset's; and per-prompt replay alone on top of it
-METHODS["replay_off_e2"] = {"method": "darl", "k": 1, "prompt_replay": False, "source_weight": "tokens", "epochs": 2}
-METHODS["prompt_replay_only_e2"] = {"method": "darl", "k": 1, "prompt_replay": 16, "source_weight": "tokens", "epochs": 2}
+from benchmarks.staleness.harness import preset_overrides  # noqa: E402
+from recipe.darl.config import presets  # noqa: E402
+
+# name -> HarnessConfig overrides ("staleness" pins a method's staleness whatever the cell's): the named configurations
+# of recipe/darl/config/preset/, the files the trainers select with preset=<name> (docs/config.md#configurations);
+# archived runs of earlier designs carry the names of names.py.
+METHODS: dict[str, dict[str, Any]] = {name: preset_overrides(name) for name in presets.names()}
 
 
 def cell_staleness(method: str, staleness: int) -> int:

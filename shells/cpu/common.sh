@@ -1,6 +1,7 @@
-# Shared part of the CPU scripts for the built-in example (sourced, not run). A script calls
-#     darl_cpu_setup
-#     darl_cpu_run <its own Hydra overrides> "$@"            (one-step-off; darl_cpu_fully_async_run: fully-async)
+# Shared part of the CPU scripts for the built-in example (sourced, not run). A script's body is
+# `darl_cpu_script "${BASH_SOURCE[0]}" "$@"`: its file name, <trainer>_grpo_tiny_arith_cpu_replay_4_<configuration>.sh,
+# says what runs (trainer: one_step_off | fully_async | v1_colocate_async; configuration as in ../configuration.sh:
+# async, decoupled, pmis_sg, pmis_sg_darts, each a preset; PRESET=<name> runs another one).
 # Everything runs on CPU through Ray: the FSDP2 trainer (verl's engine over gloo, through the
 # VERL_PLATFORM=cpu plugin), the rollout server (ROLLOUT: "hf", transformers, or verl's own "vllm"), weight sync
 # through the Ray object store every step. The example (tiny model, warm-start, parquet) is built on first use.
@@ -27,12 +28,15 @@
 #                   says why it exists) [vllm]
 #   VLLM_CPU_KVCACHE_SPACE  vLLM's KV cache in whole GiB (ROLLOUT=vllm) [1]
 #   RAY_DASHBOARD   true: start Ray's dashboard (its processes take cycles from a 2-core machine) [false]
+#   PRESET          the configuration (docs/config.md#configurations) [from the script's name]
 #   DARL_DRY_RUN    1: print the resolved config and exit before Ray starts
 #   DARL_PRINT_CMD  1: print the command instead of running it
 
 # the logical GPUs and CPUs the local Ray cluster advertises (verl's placement counts GPUs, its actors ask for more CPUs
 # than a small machine has); a job that joins a running cluster (RAY_ADDRESS, as shells/run.sh starts one) takes that
 # cluster's own (`ray start --num-gpus --num-cpus`; run.sh: GPUS_PER_NODE, CPUS_PER_NODE)
+source "$(dirname "${BASH_SOURCE[0]}")/../configuration.sh"
+
 ray_resource() {
     if [[ -z "${RAY_ADDRESS:-}" ]]; then echo "++ray_kwargs.ray_init.$1=$2"; fi
 }
@@ -58,7 +62,7 @@ darl_cpu_setup() {
     # Ray would prestart idle workers for the logical CPUs the scripts declare (16-33) on a machine with a few real
     # cores, where they compete with verl's actors as those start (docs/cpu.md: launch time with and without)
     export RAY_enable_worker_prestart="${RAY_enable_worker_prestart:-0}" RAY_prestart_worker_first_driver="${RAY_prestart_worker_first_driver:-0}"
-    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)${SEED:+_seed$SEED}}"
+    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)$(darl_preset_suffix)${SEED:+_seed$SEED}}"
     OUT_DIR="${OUT_DIR:-$DARL_REPO_ROOT/outputs/$EXPERIMENT_NAME}"
     mkdir -p "$OUT_DIR"
     export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$OUT_DIR/metrics.jsonl}" TENSORBOARD_DIR="${TENSORBOARD_DIR:-$OUT_DIR/tensorboard}"
@@ -201,7 +205,7 @@ darl_cpu_run() {
 # verl's fully-async pipeline on the same example: a rollouter streams groups into verl's MessageQueue; each
 # trainer step takes MINI_BATCH_SIZE * REQUIRE_BATCHES groups; weights sync every SYNC_STEPS trainer steps;
 # the rollouter may run STALENESS_THRESHOLD syncs' worth of samples ahead (samples up to 1 + ceil of it old).
-#   REQUIRE_BATCHES [2: the one-step-off scripts' 16 prompts per step]  SYNC_STEPS (trigger_parameter_sync_step) [1]  STALENESS_THRESHOLD [2]  PARTIAL_ROLLOUT [true]
+#   REQUIRE_BATCHES [2: the one-step-off scripts' 16 prompts per step]  SYNC_STEPS (trigger_parameter_sync_step) [1]  STALENESS_THRESHOLD [2; 0 with preset=sync]  PARTIAL_ROLLOUT [true; false with sync]
 darl_cpu_fully_async_run() {
     local require="${REQUIRE_BATCHES:-2}" sync="${SYNC_STEPS:-1}"
     # verl's fully-async actors ask for logical CPUs: task runner 1, trainer 10, rollouter 10, queue 2, workers
@@ -211,8 +215,7 @@ darl_cpu_fully_async_run() {
         "rollout.total_rollout_steps=$((STEPS * MINI_BATCH_SIZE * require))" \
         "async_training.require_batches=$require" \
         "async_training.trigger_parameter_sync_step=$sync" \
-        "async_training.staleness_threshold=${STALENESS_THRESHOLD:-2}" \
-        "async_training.partial_rollout=${PARTIAL_ROLLOUT:-true}" \
+        $(darl_staleness_args 2) \
         "rollout.n=$N_RESPONSES" \
         "$@"
 }
@@ -236,4 +239,23 @@ darl_cpu_v1_run() {
         transfer_queue.backend.SimpleStorage.num_data_storage_units=1 \
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$((MINI_BATCH_SIZE * N_RESPONSES / TRAINER_RANKS))" \
         "$@"
+}
+
+# a CPU script's whole body: what its file name says (the header of this file); the DARTS configuration defaults to
+# the long-tailed task (TASK=longtail), where tail cutting has tails to cut
+darl_cpu_script() {
+    local name re='^(one_step_off|fully_async|v1_colocate_async)_grpo_tiny_arith_cpu_replay_4_([a-z_]+)$'
+    name="$(basename "$1" .sh)"
+    shift
+    [[ "$name" =~ $re ]] || { echo "common.sh: '$name' is not <trainer>_grpo_tiny_arith_cpu_replay_4_<configuration>" >&2; return 2; }
+    local trainer="${BASH_REMATCH[1]}" configuration="${BASH_REMATCH[2]}" a args=()
+    darl_configuration "$configuration" "$@" || return
+    for a in "$@"; do [[ "$a" == preset=* ]] || args+=("$a"); done
+    if [[ "$configuration" == pmis_sg_darts ]]; then export TASK="${TASK:-longtail}"; fi
+    darl_cpu_setup || return
+    case "$trainer" in
+        one_step_off) darl_cpu_run "${DARL_CONFIG_ARGS[@]}" "${args[@]}" ;;
+        fully_async) darl_cpu_fully_async_run "${DARL_CONFIG_ARGS[@]}" "${args[@]}" ;;
+        v1_colocate_async) darl_cpu_v1_run "${DARL_CONFIG_ARGS[@]}" "${args[@]}" ;;
+    esac
 }

@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
-# The built-in example on CPU, configuration `_decoupled`: recomputed proximal policy,
-# token-level truncated IS (C = 2), no replay. Variables: shells/cpu/common.sh.
+# The built-in example on CPU (tiny Qwen3, sums), one-step-off; decoupled PPO (preset decoupled).
+# The name says what runs (shells/cpu/common.sh); PRESET=<name> runs another configuration (docs/config.md); variables:
+# shells/cpu/common.sh; extra arguments are Hydra overrides.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-darl_cpu_setup
-darl_cpu_run \
-    algorithm.rollout_correction.bypass_mode=false \
-    algorithm.rollout_is=true \
-    algorithm.rollout_is_threshold=2.0 \
-    replay.enable=false \
-    "$@"
+darl_cpu_script "${BASH_SOURCE[0]}" "$@"

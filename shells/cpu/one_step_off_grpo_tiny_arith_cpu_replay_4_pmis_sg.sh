@@ -1,20 +1,7 @@
 #!/usr/bin/env bash
-# The built-in example on CPU, configuration `_pmis_sg`: D-ARL, the preset (docs/algorithm.md): replay over K = 4 behavior
-# versions, fresh groups first plus least-reused replay, pmis weights with stop-gradient, the m2 gate and the behavior trust region, C = 2;
-# per-prompt replay in the place of groups without advantage (replay.prompt_replay=false turns it off). Variables: shells/cpu/common.sh.
-# (warmup 2 instead of the GPU scripts' 5: the CPU run is 40 steps long)
-# Two passes a step (ppo_epochs=2), sources weighted by tokens: the preset held-out seeds support (docs/evidence.md).
+# The built-in example on CPU (tiny Qwen3, sums), one-step-off; D-ARL (preset darl_tokens_e2).
+# The name says what runs (shells/cpu/common.sh); PRESET=<name> runs another configuration (docs/config.md); variables:
+# shells/cpu/common.sh; extra arguments are Hydra overrides.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-darl_cpu_setup
-darl_cpu_run \
-    algorithm.rollout_correction.bypass_mode=false \
-    algorithm.rollout_is=true \
-    algorithm.rollout_is_threshold=2.0 \
-    actor_rollout_ref.actor.ppo_epochs=2 \
-    replay.enable=true \
-    replay.k=4 \
-    replay.pmis=true \
-    replay.stop_grad=true \
-    replay.warmup=2 \
-    "$@"
+darl_cpu_script "${BASH_SOURCE[0]}" "$@"

@@ -16,15 +16,17 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 SHELLS = ROOT / "shells"
 VARIANTS = ("async", "decoupled", "pmis_sg")
-# the only keys the three launch configurations `_async`, `_decoupled`, `_pmis_sg` may change
-# (docs/config.md, 'The three launch configurations')
-CONFIGURATION_KEYS = {
-    "algorithm.rollout_correction.bypass_mode",
-    "algorithm.rollout_correction.rollout_is",
-    "algorithm.rollout_correction.rollout_is_threshold",
-    "actor_rollout_ref.actor.ppo_epochs", "critic.ppo_epochs",  # the preset's two passes (verl's critic key follows)
-    "replay.enable", "replay.k", "replay.pmis", "replay.stop_grad", "replay.warmup",
-}
+# the only keys the three launch configurations `_async`, `_decoupled`, `_pmis_sg` may change: the keys their presets
+# (naive, decoupled, darl_tokens_e2) set (docs/config.md, 'Configurations')
+def _preset_keys() -> set[str]:
+    from recipe.darl.config import presets
+
+    keys: set[str] = set()
+    for name in ("naive", "decoupled", presets.DEFAULT):
+        keys |= set(flatten(presets.load(name)))
+    return keys | {"critic.ppo_epochs"}  # verl's critic key follows the actor's passes
+
+
 # derived from the script's file name, so they differ too (verl interpolates the experiment name into the tracer's)
 NAME_KEYS = {"trainer.experiment_name", "trainer.default_local_dir", "actor_rollout_ref.rollout.trace.experiment_name"}
 # logging lines; "[darl] ..." banner, "[D-ARL] ..." notes, verl's validate_config report
@@ -174,23 +176,25 @@ def check_key_values(fam, trainer_gpus: int, rollout_gpus: int, dataset: str) ->
             assert replay["stop_grad"] is True and replay["warmup"] == 5
 
 
+def configuration_keys() -> set[str]:
+    return _preset_keys()
+
+
 def check_only_configuration_keys(fam) -> None:
     """The three resolved configs differ only in their configuration's keys (and the name-derived ones)."""
     c = fam.configs
     a_d = diff_keys(c["async"], c["decoupled"]) - NAME_KEYS
     d_p = diff_keys(c["decoupled"], c["pmis_sg"]) - NAME_KEYS
-    assert a_d <= CONFIGURATION_KEYS and d_p <= CONFIGURATION_KEYS, (a_d, d_p)
-    assert a_d == {"algorithm.rollout_correction.bypass_mode", "algorithm.rollout_correction.rollout_is"}
-    # k=4, pmis, stop_grad, warmup 5 are also the defaults; two passes are verl's key
-    assert d_p == {"replay.enable", "actor_rollout_ref.actor.ppo_epochs", "critic.ppo_epochs"}
-    # and the scripts' text: the same lines apart from their header comment and the flags
+    keys = configuration_keys()
+    assert a_d <= keys and d_p <= keys, (a_d - keys, d_p - keys)
+    assert a_d == {"preset", "algorithm.rollout_correction.bypass_mode", "algorithm.rollout_correction.rollout_is"}
+    assert {"preset", "replay.enable", "actor_rollout_ref.actor.ppo_epochs", "critic.ppo_epochs"} <= d_p
+    # and the scripts' text: the same lines apart from their header comment (the name says the configuration)
     bodies = {}
     for v in VARIANTS:
         lines = script_path(fam.name, v).read_text().splitlines()
         bodies[v] = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    flag = re.compile(r"^\s+(algorithm\.rollout_correction\.bypass_mode|algorithm\.rollout_is|algorithm\.rollout_is_threshold|actor_rollout_ref\.actor\.ppo_epochs|replay\.\w+)=\S+ \\$")
-    stripped = {v: [line for line in b if not flag.match(line)] for v, b in bodies.items()}
-    assert stripped["async"] == stripped["decoupled"] == stripped["pmis_sg"]
+    assert bodies["async"] == bodies["decoupled"] == bodies["pmis_sg"]
 
 
 def check_verl_validation(fam) -> None:

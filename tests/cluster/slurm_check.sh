@@ -54,7 +54,7 @@ submit() {  # submit NAME SBATCH_ARGS [VAR=VALUE...]: run.sh's job; prints its i
     local name="$1" args="$2"
     shift 2
     env "$@" SBATCH_ARGS="--gpus-per-node=0 --cpus-per-task=$CPUS --mem=8G --job-name=$name $args" \
-        bash "$ROOT/shells/run.sh" shells/cpu/one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh | sed -n 's/^Submitted batch job //p'
+        bash "$ROOT/shells/run.sh" shells/cpu/one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh replay.warmup=1 | sed -n 's/^Submitted batch job //p'
 }
 wait_done() {  # wait_done ID SECONDS: until Slurm forgets the job or it ends
     local deadline=$(( SECONDS + $2 )) state

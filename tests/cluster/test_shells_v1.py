@@ -8,7 +8,7 @@ import pytest
 
 from recipe.darl.checks.config_check import ConfigError
 
-from cluster_helpers import (CONFIGURATION_KEYS, NAME_KEYS, SHELLS, VARIANTS, base_env, check_verl_validation, compose,
+from cluster_helpers import (NAME_KEYS, configuration_keys, SHELLS, VARIANTS, base_env, check_verl_validation, compose,
                              diff_keys, run_dry)
 
 
@@ -25,7 +25,7 @@ def _check_configurations(configs: dict) -> None:
             assert cfg["actor_rollout_ref"]["actor"]["ppo_epochs"] == 2  # the preset's two passes
     a_d = diff_keys(configs["async"], configs["decoupled"]) - NAME_KEYS
     d_p = diff_keys(configs["decoupled"], configs["pmis_sg"]) - NAME_KEYS
-    assert a_d <= CONFIGURATION_KEYS and d_p <= CONFIGURATION_KEYS, (a_d, d_p)
+    assert a_d <= configuration_keys() and d_p <= configuration_keys(), (a_d, d_p)
 
 
 def test_gpu_v1_scripts_resolve_to_separate_async_with_their_own_rollout_gpu(tmp_path):

@@ -32,7 +32,7 @@ echo "[two-node] Ray cluster up: $alive node(s) at $RAY_ADDRESS"
 OUT_DIR="$OUT/run" STEPS=3 TEST_FREQ=-1 SAVE_FREQ=-1 RESUME_MODE=disable TRAINER_RANKS=2 PYTHON="$PY" \
 VERL_FILE_LOGGER_PATH="$OUT/metrics.jsonl" \
     bash "$ROOT/shells/cpu/one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg.sh" \
-    trainer.nnodes=2 trainer.n_gpus_per_node=1 trainer.val_before_train=false 2>&1 | tee "$OUT/run.log"
+    trainer.nnodes=2 trainer.n_gpus_per_node=1 trainer.val_before_train=false replay.warmup=1 2>&1 | tee "$OUT/run.log"
 
 "$PY" - "$OUT/metrics.jsonl" "$RAY_ADDRESS" <<'EOF'
 import json, sys

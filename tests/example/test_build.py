@@ -39,6 +39,13 @@ def test_concurrent_first_uses_build_once_and_get_the_shipped_bytes(tmp_path):
                  "longtail_model/model.safetensors"):
         assert (root / name).exists()
     assert json.loads((root / "example.json").read_text())["weights"] == "shipped"
+    # the trainers' scarce validation set is the controlled-staleness study's: one scale for both accuracies
+    import pyarrow.parquet as pq
+
+    from benchmarks.staleness.harness import HarnessConfig, split_problems
+
+    rows = pq.read_table(root / "scarce_val.parquet").column("extra_info").to_pylist()
+    assert [(r["a"], r["b"]) for r in rows] == split_problems(HarnessConfig(task="scarce", val_size=500))[1]
     # no private build directory left behind
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name] == []
 

@@ -60,7 +60,20 @@ def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
     if mode.fully_async:
         problems += fully_async_findings(cfg)[0]
     return (problems + _batch_problems(cfg, mode, replay_values if enabled else None) + _launch_problems(cfg, mode)
-            + _path_problems(cfg) + _fault_problems(cfg) + _darts_problems(cfg, mode))
+            + _path_problems(cfg) + _fault_problems(cfg) + _darts_problems(cfg, mode) + _preset_problems(cfg, mode))
+
+
+def _preset_problems(cfg: DictConfig, mode: TrainerMode) -> list[str]:
+    """`preset=sync` is on-policy training: only verl's fully-async rollouter can be held to staleness 0."""
+    if cfg.get("preset") != "sync":
+        return []
+    if not mode.fully_async:
+        return [f"preset=sync (on-policy training) holds verl's fully-async rollouter to staleness 0; the {mode.name} "
+                "trainer always trains on rollouts one step stale: run it with a fully_async script"]
+    run = cfg.async_training
+    return [f"preset=sync needs async_training.{key}={want}, got {run.get(key)} (set by a flag or STALENESS_THRESHOLD / "
+            f"PARTIAL_ROLLOUT after the preset)" for key, want in (("staleness_threshold", 0), ("partial_rollout", False))
+            if run.get(key) != want]
 
 
 SHAPING_MANAGER = "recipe.darl.workers.darts_rollout.DartsAgentLoopManager"

@@ -24,7 +24,11 @@ from .arithmetic import is_hard, make_problems, records
 
 DEFAULT_CACHE = Path(os.environ.get("DARL_CACHE", Path.home() / ".cache" / "darl"))
 SHIPPED = Path(__file__).with_name("weights")
-LAYOUT = 3  # 2: scarce_train/scarce_val parquet files; 3: longtail_model/; an older cache directory is rebuilt
+LAYOUT = 4  # 2: scarce_train/scarce_val parquet files; 3: longtail_model/; 4: scarce_val the study's 500; an older
+# cache directory is rebuilt
+# the held-out hard problems scarce_val.parquet holds: the same 500 the controlled-staleness study scores, so an
+# accuracy through the trainers and one in the study are on one scale
+SCARCE_VAL_SIZE = 500
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -142,7 +146,8 @@ def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) ->
     from .warm_start import warm_start
 
     splits = problem_splits(settings)
-    # scarce_*: the scarce regime (docs/evidence.md), a fixed pool of hard problems
+    # scarce_*: the scarce regime (docs/evidence.md), a fixed pool of hard problems, scored on the study's problems
+    splits["scarce_val"] = problem_splits(settings, val_size=SCARCE_VAL_SIZE)["scarce_val"]
     for name, split in (("train", "train"), ("val", "test"), ("scarce_train", "train"), ("scarce_val", "test")):
         write_parquet(records(splits[name], split), root / f"{name}.parquet")
     # the long-tail example (longtail.py): the tiny model untrained, deterministic, built in a second
