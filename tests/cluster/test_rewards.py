@@ -171,4 +171,4 @@ def test_runner_is_stdlib_only():
     """The child imports nothing from the project or site-packages (it runs with python -I)."""
     src = Path(code_reward.RUNNER).read_text()
     imports = {line.split()[1] for line in src.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"ctypes", "io", "json", "math", "os", "resource", "sys"}
+    assert imports <= {"ctypes", "errno", "io", "json", "math", "os", "resource", "sys"}

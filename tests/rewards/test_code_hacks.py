@@ -6,8 +6,11 @@ in-process fallback ("limits") gets its own cases at the end."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
+import platform
+import pwd
 import shutil
 import socket
 import subprocess
@@ -527,9 +530,37 @@ print(json.dumps({"level": c.sandbox_level("namespaces"),
                   **{k: c.compute_score(f"```python\n{v}\n```", S, sandbox="namespaces") for k, v in programs.items()},
                   **{k: c.compute_score(f"```python\n{v}\n```", S, sandbox="namespaces", memory_mb=200)
                      for k, v in memory.items()},
-                  **{f"limits: {k}": c.compute_score(f"```python\n{v}\n```", S, sandbox="limits", memory_mb=200)
+                  **{f"limits: {k}": c.compute_score(f"```python\n{v}\n```", S, sandbox="limits", memory_mb=200,
+                                                     allow_shared_uid=True)
                      for k, v in memory.items()}}))
 '''
+
+
+def _elsewhere(script: str, user: str | None = None) -> tuple[dict, str]:
+    """`script` run by the system's Python (/usr/bin/python3, its folders open to every user) from a copy of the
+    rewards package open to every user, as `user` (runuser) or as root; its last printed line parsed, and all it
+    printed. Skips where this process is not root."""
+    python = shutil.which("python3", path="/usr/bin")
+    if os.getuid() != 0 or not python or not shutil.which("runuser"):
+        pytest.skip("needs root (to become nobody, or to run the limits level as root), runuser and /usr/bin/python3")
+    tmp_path = Path(tempfile.mkdtemp(prefix="darl_elsewhere_"))  # pytest's own folders are closed to other users
+    package = tmp_path / "pkg" / "recipe" / "darl" / "rewards"
+    package.mkdir(parents=True)
+    for folder in (package, package.parent, package.parent.parent):
+        (folder / "__init__.py").touch()
+    for name in ("__init__.py", "code_reward.py", "_runner.py", "program_memory.py"):
+        shutil.copy(Path(code_reward.__file__).with_name(name), package / name)
+    (package / "math_reward.py").write_text("")  # math-verify is not the system Python's
+    (tmp_path / "pkg" / "check.py").write_text(script)
+    for path in [tmp_path, *tmp_path.rglob("*")]:
+        path.chmod(0o755)
+    command = [python, "check.py"] if user is None else ["runuser", "-u", user, "--", python, "check.py"]
+    try:
+        done = subprocess.run(command, cwd=tmp_path / "pkg", capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
 
 
 def test_as_a_non_root_trainer_the_program_holds_no_capability_over_its_mounts():
@@ -537,27 +568,175 @@ def test_as_a_non_root_trainer_the_program_holds_no_capability_over_its_mounts()
     standard library): honest programs pass, run as uid 1000 of a nested user namespace, and cannot remount the
     sandbox's read-only binds writable, directly or from yet another namespace; at both levels five processes of
     150 MB cannot all hold under a 200 MB limit (no cgroup for this user: no second process)."""
-    python = shutil.which("python3", path="/usr/bin")
-    if os.getuid() != 0 or not python or not shutil.which("runuser"):
-        pytest.skip("needs root (to become nobody), runuser and /usr/bin/python3")
-    tmp_path = Path(tempfile.mkdtemp(prefix="darl_non_root_"))  # pytest's own folders are closed to other users
-    package = tmp_path / "pkg" / "recipe" / "darl" / "rewards"
-    package.mkdir(parents=True)
-    for folder in (package, package.parent, package.parent.parent):
-        (folder / "__init__.py").touch()
-    for name in ("code_reward.py", "_runner.py", "program_memory.py"):
-        shutil.copy(Path(code_reward.__file__).with_name(name), package / name)
-    (tmp_path / "pkg" / "check.py").write_text(NON_ROOT)
-    for path in [tmp_path, *tmp_path.rglob("*")]:
-        path.chmod(0o755)
-    try:
-        done = subprocess.run(["runuser", "-u", "nobody", "--", python, "check.py"], cwd=tmp_path / "pkg",
-                              capture_output=True, text=True, timeout=120)
-    finally:
-        shutil.rmtree(tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got, _ = _elsewhere(NON_ROOT, user="nobody")
     assert got == {"level": "namespaces", "honest": 1.0, "uid 1000": 1.0, "remount": 0.0,
                    "nested namespace, then remount": 0.0, "write under /usr": 0.0, "150 MB": 1.0, "5 x 150 MB": 0.0,
                    "limits: 150 MB": 1.0, "limits: 5 x 150 MB": 0.0}, got
     assert not Path("/usr/darl_hack").exists()
+
+
+# --------------------------------------------------------------------------- the limits level without root
+
+SHARED_UID = r"""
+import json, os
+from recipe.darl.rewards import _runner, code_reward as c
+from recipe.darl.rewards import compute_score
+S = json.dumps({"kind": "stdin", "tests": [{"input": "1 2\n", "output": "3\n"}]})
+HONEST = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+got = {}
+
+def refusal(sandbox):
+    try:
+        return "started at " + c.sandbox_level(sandbox)
+    except RuntimeError as e:
+        return str(e)
+
+got["limits"] = refusal("limits")
+got["limits, allowed"] = [c.compute_score(HONEST, S, sandbox="limits", allow_shared_uid=True),
+                          c.sandbox_level("limits", allow_shared_uid=True)]
+got["reward_kwargs"] = compute_score("livecodebench", HONEST, S, code_sandbox="limits", code_allow_shared_uid=True)
+# namespaces refused to this trainer (as a kernel without user namespaces for users does): auto falls to limits
+got["unshare"] = _runner.deny_syscalls(_runner.load_libseccomp(), ("unshare",))
+got["auto"] = refusal("auto")
+os.environ["DARL_REWARD_ALLOW_SHARED_UID"] = "1"
+got["auto, allowed"] = [c.compute_score(HONEST, S) for _ in range(2)] + [c.sandbox_level("auto")]
+print(json.dumps(got))
+"""
+
+
+def test_the_limits_level_without_root_refuses_to_share_the_trainers_uid():
+    """Without root the limits level would run the program under the trainer's uid: it could read the trainer's
+    memory and environment and signal it. `limits`, and `auto` where namespaces are refused, stop with an error that
+    says so and names the setting that accepts it; accepted (argument, reward_kwargs or environment), they score, and
+    `auto` prints the level it fell to, and why, once."""
+    got, printed = _elsewhere(SHARED_UID, user="nobody")
+    for key in ("limits", "auto"):
+        for words in ("the trainer's own uid", "memory", "environment", "signals", "code_allow_shared_uid=true",
+                      "allow_shared_uid=True", "DARL_REWARD_ALLOW_SHARED_UID=1"):
+            assert words in got[key], (key, words, got[key])
+    assert "unshare: Operation not permitted" in got["auto"]
+    assert got["limits, allowed"] == [1.0, "limits (the trainer's uid, as allowed)"]
+    assert got["reward_kwargs"] == 1.0 and got["unshare"] == "on"
+    fell = "limits (auto: namespaces refused: [Errno 1] unshare: Operation not permitted, the trainer's uid, as allowed)"
+    assert got["auto, allowed"] == [1.0, 1.0, fell]
+    assert printed.count(f"[D-ARL] code reward sandbox: {fell};") == 1, printed
+
+
+# --------------------------------------------------------------------------- the program's uid
+
+UIDS = r"""
+import itertools, json, os, subprocess
+from recipe.darl.rewards import code_reward as c
+got = {}
+for sandbox in ("namespaces", "limits"):
+    # processes of a host's users under the next uids this trainer would try for its programs
+    c._uids = itertools.count(0)
+    hosts = {200_000 + (os.getpid() * 4096 + n) % 800_000: None for n in range(3)}
+    for uid in hosts:
+        hosts[uid] = subprocess.Popen(["sleep", "60"], user=uid, group=uid, start_new_session=True)
+    truth = json.dumps({"kind": "stdin", "tests": [{"input": "", "output": "own"}]})
+    program = f"import os\nprint('own' if os.getuid() not in {sorted(hosts)} else 'taken')"
+    got[sandbox] = [c.compute_score(f"```python\n{program}\n```", truth, sandbox=sandbox) for _ in range(2)]
+    got[sandbox + ": host processes left"] = sum(p.poll() is None for p in hosts.values())
+    for p in hosts.values():
+        p.kill()
+        p.wait()
+print(json.dumps(got))
+"""
+
+
+def test_a_program_uid_belongs_to_nobody_and_nothing_of_the_hosts_is_killed():
+    """Started as root, each program takes a uid of its own: not one a running process holds (a host's user with a
+    uid in the same range), and ending the program kills only what it started, at both levels."""
+    got, _ = _elsewhere(UIDS)
+    assert got == {"namespaces": [1.0, 1.0], "namespaces: host processes left": 3,
+                   "limits": [1.0, 1.0], "limits: host processes left": 3}, got
+
+
+def test_a_program_uid_has_no_passwd_entry(monkeypatch):
+    monkeypatch.setattr(code_reward, "_uids", itertools.count(0))
+    tried = [200_000 + (os.getpid() * 4096 + n) % 800_000 for n in range(4)]
+    named, running = set(tried[:2]), {tried[2]}
+
+    def getpwuid(uid):
+        if uid in named:
+            return pwd.struct_passwd(("someone", "x", uid, uid, "", "/", "/bin/sh"))
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", getpwuid)
+    monkeypatch.setattr(code_reward, "_running_uids", lambda: running)
+    assert code_reward._free_uid() == tried[3]
+
+
+# --------------------------------------------------------------------------- the syscall filter
+
+# (name, x86_64 number, arguments): each harmless where it is allowed (on itself, or on nothing)
+CALLS = [("keyctl", 250, (0, -3, 0)), ("add_key", 248, (0, 0, 0, 0, 0)), ("request_key", 249, (0, 0, 0, 0)),
+         ("ptrace", 101, (2, "pid", 0, 0)), ("process_vm_readv", 310, ("pid", 0, 0, 0, 0, 0)),
+         ("process_vm_writev", 311, ("pid", 0, 0, 0, 0, 0)), ("pidfd_open", 434, ("pid", 0)),
+         ("pidfd_send_signal", 424, (-1, 0, 0, 0)), ("pidfd_getfd", 438, (-1, 0, 0)), ("sync", 162, ()),
+         ("syncfs", 306, (-1,)), ("perf_event_open", 298, (0, 0, -1, -1, 0)), ("userfaultfd", 323, (0,)),
+         ("bpf", 321, (0, 0, 0)), ("io_uring_setup", 425, (0, 0)), ("mount", 165, (0, 0, 0, 0, 0)),
+         ("umount2", 166, (0, 0)), ("fsopen", 430, (0, 0)), ("open_tree", 428, (-1, 0, 0)),
+         ("memfd_create", 319, (b"x", 0)), ("shmget", 29, (0, 4096, 0o600))]
+SYSCALLS = (
+    "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\nallowed = []\n"
+    f"for name, number, args in {CALLS!r}:\n"
+    "    args = [ctypes.c_long(os.getpid() if a == 'pid' else a) if not isinstance(a, bytes) else a for a in args]\n"
+    "    ctypes.set_errno(0)\n"
+    "    rc = libc.syscall(ctypes.c_long(number), *args)\n"
+    "    if rc != -1 or ctypes.get_errno() != 1:  # not EPERM\n"
+    "        allowed.append(name)\n"
+    "        if name == 'shmget' and rc >= 0:\n"
+    "            libc.shmctl(rc, 0, None)  # IPC_RMID\n"
+    "print(' '.join(allowed) or 'none')\n")
+NONE_ALLOWED = json.dumps({"kind": "stdin", "tests": [{"input": "", "output": "none"}]})
+FILTERED = r"""
+import json
+from recipe.darl.rewards import code_reward as c
+program, truth = json.loads(ARGS)
+print(json.dumps({level: c.compute_score(f"```python\n{program}\n```", truth, sandbox=level, allow_shared_uid=True)
+                  for level in ("namespaces", "limits")}))
+"""
+x86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="the calls are made by their x86_64 numbers")
+
+
+@x86_64
+def test_the_filtered_calls_fail_with_eperm_here():
+    """Keyrings, another process's memory or descriptors, writeback of the whole machine, perf, userfaultfd, bpf,
+    io_uring, mounts, memfd and System V segments: each call fails with EPERM (at the level this machine gives)."""
+    assert score(SYSCALLS, NONE_ALLOWED) == 1.0
+
+
+@x86_64
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_the_filtered_calls_fail_with_eperm_at_both_levels(user):
+    script = f"ARGS = {json.dumps([SYSCALLS, NONE_ALLOWED])!r}\n" + FILTERED
+    got, printed = _elsewhere(script, user=None if user == "root" else user)
+    assert got == {"namespaces": 1.0, "limits": 1.0}, got
+    assert printed.count("syscall filter: on") == 2, printed
+
+
+def test_without_libseccomp_the_filter_says_it_is_off():
+    from recipe.darl.rewards._runner import deny_syscalls
+
+    assert deny_syscalls(None) == "off: libseccomp.so.2 not found"
+
+
+def test_a_sync_cannot_hold_the_reward_past_its_deadline():
+    """`os.sync()` waits for the whole machine's writeback, where SIGKILL cannot end it: refused, it returns at once
+    and the call ends at the deadline."""
+    start = time.monotonic()
+    assert score("import os\nwhile True:\n    os.sync()\n", STDIN, timeout_s=1.5) == 0.0
+    assert time.monotonic() - start < 1.5 + 3.0
+
+
+def test_memory_outside_the_address_space_limit_is_refused():
+    """A memory-backed file (memfd) or a file in /dev/shm holds memory that no process's RLIMIT_AS counts: refused
+    (no /dev/shm at the namespaces level)."""
+    code = ("import os\nrefused = 0\ntry:\n    os.memfd_create('x')\nexcept OSError:\n    refused += 1\n"
+            "try:\n    os.open('/dev/shm/darl_hack', os.O_CREAT | os.O_WRONLY, 0o600)\nexcept OSError:\n    refused += 1\n"
+            "print(refused)\n")
+    assert score(code, json.dumps({"kind": "stdin", "tests": [{"input": "", "output": "2"}]}),
+                 sandbox="namespaces") == 1.0
+    assert not os.path.exists("/dev/shm/darl_hack")

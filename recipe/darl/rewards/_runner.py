@@ -3,8 +3,9 @@
     python -I _runner.py        (started by code_reward.Candidate; standard library only)
 
 Protocol, one JSON document per line. The parent writes a header, {"code", "kind": "stdin" | "call", "name",
-"memory_mb", "cpu_s", "processes", "sandbox": {"level", "root", "uid", "keep"}}; the child answers {"ready": level}
-(with "why" where namespaces were asked and not had; or {"error": ...}) before any of the program's code runs, then
+"memory_mb", "cpu_s", "processes", "sandbox": {"level", "root", "uid", "keep", "shared_uid"}}; the child answers
+{"ready": level, "filter": "on" | "off: <why>"} (with "why" where namespaces were asked and not had; or
+{"error": ...}) before any of the program's code runs, then
 {"loaded": true} (or {"error": name}) once the program is compiled and, for calls, its top level has run; then one
 answer per request: {"stdin": text} -> {"stdout": text, "exit": code}, or {"args": [...]} -> {"value": v} |
 {"error": name} for the named function (or `Solution().<name>`). Values travel in the tagged encoding of `encode`
@@ -12,11 +13,12 @@ answer per request: {"stdin": text} -> {"stdout": text, "exit": code}, or {"args
 program's own writing (it can write on any descriptor): the parent bounds what it reads and decides nothing from it
 but the outputs it compares.
 
-Isolation: "namespaces" or "limits" (docs/rewards.md, "Isolation"), both with resource limits and, under root, a uid
-of its own.
+Isolation: "namespaces" or "limits" (docs/rewards.md, "Isolation"), both with resource limits, a syscall filter and,
+under root, a uid of its own.
 """
 
 import ctypes
+import errno
 import io
 import json
 import math
@@ -182,6 +184,64 @@ def enter_namespaces(root: str, keep: list, uid: int, hide: list = ()) -> None:
     _libc.prctl(1, 9)  # PR_SET_PDEATHSIG again: changing uid cleared it
 
 
+# Calls that fail with EPERM once the runner's set-up is done, at every level, as container runtimes deny them.
+DENIED_SYSCALLS = (
+    "keyctl", "add_key", "request_key",  # the kernel's keyrings: shared by every process of a uid, in no namespace
+    # another process's memory, descriptors or signals (the trainer's, where the program shares its uid)
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "kcmp",
+    "sync", "syncfs",  # the whole machine's writeback: a SIGKILL waits for it, past the reward's deadline
+    "perf_event_open", "userfaultfd", "bpf", "io_uring_setup", "io_uring_enter", "io_uring_register",  # kernel surface
+    # mounts, once the sandbox's own are made (the newer mount calls too)
+    "mount", "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree",
+    "mount_setattr",
+    # memory no address-space limit counts, which a System V segment keeps after the program ends
+    "memfd_create", "shmget",
+)
+SCMP_ACT_ALLOW, SCMP_ACT_ERRNO = 0x7FFF0000, 0x00050000
+
+
+def load_libseccomp():
+    """libseccomp's C library (bound here with ctypes: the runner imports the standard library only), opened before
+    the sandbox hides the loader's cache in /etc; None where it is not installed."""
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        return None
+    lib.seccomp_init.restype, lib.seccomp_init.argtypes = ctypes.c_void_p, [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_release.restype, lib.seccomp_release.argtypes = None, [ctypes.c_void_p]
+    return lib
+
+
+def deny_syscalls(lib, names=DENIED_SYSCALLS) -> str:
+    """From here on each of `names` fails with EPERM in this process and every process it starts (a seccomp filter,
+    which also sets no-new-privileges). Says what it did: "on", "on, without <names it could not resolve>", or
+    "off: <why>"."""
+    if lib is None:
+        return "off: libseccomp.so.2 not found"
+    ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
+    if not ctx:
+        return "off: seccomp_init failed"
+    unknown = []
+    try:
+        for name in names:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number == -1:  # a call newer than this libseccomp
+                unknown.append(name)
+                continue
+            rc = lib.seccomp_rule_add(ctx, SCMP_ACT_ERRNO | errno.EPERM, number, 0)
+            if rc < 0:
+                return f"off: seccomp_rule_add({name}): {os.strerror(-rc)}"
+        rc = lib.seccomp_load(ctx)
+        if rc < 0:
+            return f"off: seccomp_load: {os.strerror(-rc)}"
+    finally:
+        lib.seccomp_release(ctx)
+    return "on" if not unknown else f"on, without {', '.join(unknown)}"
+
+
 def drop_root(uid: int) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
@@ -231,9 +291,16 @@ def set_limits(memory_mb: int, cpu_s: int, processes: int) -> None:
             pass
 
 
+SHARED_UID = ("the limits level without root runs the program under the trainer's own uid, where it can read the "
+              "trainer's memory (/proc/<pid>/mem) and environment and send it signals: allow user namespaces, run as "
+              "root, or accept this with code_allow_shared_uid=true in reward_kwargs (compute_score(..., "
+              "allow_shared_uid=True), or DARL_REWARD_ALLOW_SHARED_UID=1)")
+
+
 def isolate(sandbox: dict) -> tuple:
     """The level this process reached, "namespaces" when asked and the kernel allows it, else "limits"; and why the
-    namespaces were not had where they were asked (announced by the parent), else None."""
+    namespaces were not had where they were asked (announced by the parent), else None. The limits level without
+    root raises unless the header accepts a program that shares the trainer's uid ("shared_uid")."""
     level, why = sandbox.get("level", "limits"), None
     if level == "namespaces":
         try:
@@ -252,6 +319,8 @@ def isolate(sandbox: dict) -> tuple:
                           f"its folders readable by others (chmod o+rx) or allow namespaces")
         drop_root(sandbox["uid"])  # (the parent made the working folder this uid's)
         _libc.prctl(1, 9)  # PR_SET_PDEATHSIG: ends with the process the parent kills
+    elif not sandbox.get("shared_uid"):
+        raise OSError(SHARED_UID + (f" (namespaces: {why})" if why else ""))
     return level, why
 
 
@@ -298,6 +367,7 @@ def main() -> int:
     requests = os.fdopen(os.dup(0), "rb")
     answers = os.fdopen(os.dup(1), "wb")
     header = json.loads(requests.readline())
+    libseccomp = load_libseccomp()
 
     def answer(message: dict) -> None:
         answers.write(json.dumps(message).encode() + b"\n")
@@ -316,9 +386,10 @@ def main() -> int:
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
     if level != "namespaces":
         guard(os.getcwd())
+    syscall_filter = deny_syscalls(libseccomp)  # last: the set-up above mounts, and nothing after it needs these calls
     # ready before any of the program's code runs (compiling runs none): the first line the parent reads is the
     # runner's own, whatever the program writes later on any descriptor
-    answer({"ready": level} if why is None else {"ready": level, "why": why})
+    answer({"ready": level, "filter": syscall_filter, **({} if why is None else {"why": why})})
     kind, name = header["kind"], header.get("name")
     try:
         program = compile(PRELUDE + header["code"], "<solution>", "exec")

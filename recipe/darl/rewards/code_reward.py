@@ -16,6 +16,7 @@ import itertools
 import glob
 import json
 import os
+import pwd
 import re
 import selectors
 import site
@@ -52,6 +53,8 @@ MAX_CONTROL_BYTES = 4096
 MAX_PROCESSES = 32  # a program's processes and threads, where a cgroup bounds their memory together
 LEVELS = ("namespaces", "limits")  # what the runner may report as ready
 _LANGUAGES = frozenset({"", "py", "python", "python3"})  # an opening fence's tag, any case
+PROGRAM_UIDS = (200_000, 1_000_000)  # where a program's own uid is taken from, when started as root
+ALLOW_SHARED_UID_ENV = "DARL_REWARD_ALLOW_SHARED_UID"  # "1": as compute_score(..., allow_shared_uid=True)
 _uids = itertools.count()
 _announced: set[str] = set()
 _announce_lock = threading.Lock()
@@ -138,22 +141,66 @@ def _hide(keep: list[str]) -> list[str]:
     return sorted(p for p in real if any(p.startswith(k + "/") for k in keep))
 
 
+def _running_uids() -> set[int]:
+    """Every uid (real, effective, saved, filesystem) of a process this one can see in /proc (read with one call per
+    process: this runs for every program)."""
+    used = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fd = os.open(f"/proc/{name}/status", os.O_RDONLY)
+            try:
+                status = os.read(fd, 4096)  # "Uid:" is on the ninth line
+            finally:
+                os.close(fd)
+        except OSError:  # the process ended meanwhile
+            continue
+        start = status.find(b"\nUid:") + len(b"\nUid:")
+        if start >= len(b"\nUid:"):
+            used.update(map(int, status[start:status.find(b"\n", start)].split()))
+    return used
+
+
+def _free_uid() -> int:
+    """A uid in PROGRAM_UIDS that belongs to nobody: no passwd entry and no running process. Each program gets its
+    own, tried from a point set by this process's pid (two trainers on a host start far apart)."""
+    low, high = PROGRAM_UIDS
+    used = _running_uids()
+    while True:
+        uid = low + (os.getpid() * 4096 + next(_uids)) % (high - low)
+        if uid in used:
+            continue
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+
+
+def allows_shared_uid(allow_shared_uid: bool = False) -> bool:
+    """Whether the limits level may run without root, the program under the trainer's uid: by argument, or
+    ALLOW_SHARED_UID_ENV=1."""
+    return bool(allow_shared_uid) or os.environ.get(ALLOW_SHARED_UID_ENV) == "1"
+
+
 class Candidate:
     """One program in its sandboxed child; `ask` sends a request and returns the answer (see _runner.py)."""
 
-    def __init__(self, code: str, kind: str, name: str | None, timeout_s: float, memory_mb: int, sandbox: str):
+    def __init__(self, code: str, kind: str, name: str | None, timeout_s: float, memory_mb: int, sandbox: str,
+                 allow_shared_uid: bool = False):
         self.deadline = time.monotonic() + timeout_s
         self.work = tempfile.mkdtemp(prefix="darl_code_")
-        uid = 200_000 + (os.getpid() * 4096 + next(_uids)) % 800_000  # a uid of its own when started as root
-        if os.getuid() == 0:
+        uid = 0
+        if os.getuid() == 0:  # a uid of its own, in the working folder it owns
+            uid = _free_uid()
             os.chown(self.work, uid, uid)
         keep = _keep()
         header = {"code": code, "kind": kind, "name": name, "memory_mb": int(memory_mb), "cpu_s": max(1, int(timeout_s) + 1),
                   "sandbox": {"level": "limits" if sandbox == "limits" else "namespaces", "required": sandbox == "namespaces",
-                              "root": self.work, "uid": uid, "keep": keep, "hide": _hide(keep)}}
+                              "root": self.work, "uid": uid, "keep": keep, "hide": _hide(keep),
+                              "shared_uid": allows_shared_uid(allow_shared_uid)}}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                "PYTHONHASHSEED": "0"}  # nothing else from the trainer's environment (API keys)
-        self.uid = uid if os.getuid() == 0 else None
         self.cgroup = ProgramCgroup.create(memory_mb)
         # -S: no site module, so no installed packages on the program's path (the runner needs the standard library only)
         self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(RUNNER)], cwd=self.work, env=env, stdin=subprocess.PIPE,
@@ -174,7 +221,7 @@ class Candidate:
             ready = self.ask(header, max_bytes=MAX_CONTROL_BYTES)
             if ready.get("ready") not in LEVELS:
                 raise CandidateFailed(_said(ready, "the sandbox did not start", limit=1000))
-            level, why = ready["ready"], ready.get("why")
+            level, why, syscall_filter = ready["ready"], ready.get("why"), ready.get("filter")
             # then the program is compiled and, for calls, its top level run: what follows may be the program's
             loaded = self._receive(MAX_CONTROL_BYTES)
             if loaded.get("loaded") is not True:
@@ -182,8 +229,9 @@ class Candidate:
         except BaseException:
             self.close()
             raise
-        self.level: str = level if not isinstance(why, str) or level == "namespaces" else f"{level} ({_printable(why)})"
-        _announce(f"{self.level}; memory per program: {self.memory}")
+        self.level = _describe(level, why, sandbox)
+        filtered = _printable(syscall_filter, 100) if isinstance(syscall_filter, str) else "off"
+        _announce(f"{self.level}; memory per program: {self.memory}; syscall filter: {filtered}")
 
     @property
     def memory(self) -> str:
@@ -244,10 +292,10 @@ class Candidate:
         return answer
 
     def close(self) -> None:
+        """Ends the program with every process it started, never another's: its session here; what left the session
+        ends with its PID namespace (namespaces) or its cgroup, and without either it could start none."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the program and anything it left in its session
-        if self.uid is not None:
-            _kill_uid(self.uid)  # and anything that left the session: every process of the program's own uid
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         if self.cgroup is not None:
             self.cgroup.close()  # and anything left in its cgroup
@@ -257,17 +305,16 @@ class Candidate:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def _kill_uid(uid: int) -> None:
-    """SIGKILL to every process of `uid` (a uid no other program uses), from a child that takes that uid."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            os.kill(-1, signal.SIGKILL)  # every process this uid may signal, the sender excepted
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+def _describe(level: str, why, sandbox: str) -> str:
+    """The level a program ran at, with why where `auto` chose it or it shares the trainer's uid (kept short and
+    printable: the fallback's reason comes from the child)."""
+    reasons = []
+    if sandbox == "auto":
+        reasons.append("auto: the kernel allows namespaces" if level == "namespaces"
+                       else f"auto: namespaces refused: {_printable(why) if isinstance(why, str) else 'no reason'}")
+    if level == "limits" and os.getuid() != 0:
+        reasons.append("the trainer's uid, as allowed")
+    return f"{level} ({', '.join(reasons)})" if reasons else level
 
 
 def _printable(text: str, limit: int = 200) -> str:
@@ -413,28 +460,31 @@ def _passes(candidate: Candidate, spec: dict) -> bool:
     return True
 
 
-_levels: dict[str, str] = {}
+_levels: dict[tuple[str, bool], str] = {}
 
 
-def sandbox_level(sandbox: str = "auto") -> str:
+def sandbox_level(sandbox: str = "auto", allow_shared_uid: bool = False) -> str:
     """The isolation level `sandbox` gives on this machine (tried once per process, then remembered); raises when
-    "namespaces" is required and the kernel refuses them, so that no run scores everything 0 for that reason."""
+    "namespaces" is required and the kernel refuses them, or the limits level would share the trainer's uid without
+    `allows_shared_uid`, so that no run scores everything 0 for that reason."""
     if sandbox not in SANDBOXES:
         raise ValueError(f"code_sandbox={sandbox!r}: expected one of {SANDBOXES}")
-    if sandbox not in _levels:
+    key = (sandbox, allows_shared_uid(allow_shared_uid))
+    if key not in _levels:
         try:
-            probe = Candidate("pass", "stdin", None, 30.0, DEFAULT_MEMORY_MB, sandbox)
+            probe = Candidate("pass", "stdin", None, 30.0, DEFAULT_MEMORY_MB, sandbox, key[1])
         except CandidateFailed as e:
             raise RuntimeError(f"code_sandbox={sandbox}: the sandbox did not start ({e})") from e
         probe.close()
-        _levels[sandbox] = probe.level
-    return _levels[sandbox]
+        _levels[key] = probe.level
+    return _levels[key]
 
 
 def compute_score(solution_str: str, ground_truth, timeout_s: float = DEFAULT_TIMEOUT_S,
-                  memory_mb: int = DEFAULT_MEMORY_MB, sandbox: str = "auto") -> float:
-    """1.0 when the response's last code block passes every test, else 0.0 (never raises on the response)."""
-    sandbox_level(sandbox)
+                  memory_mb: int = DEFAULT_MEMORY_MB, sandbox: str = "auto", allow_shared_uid: bool = False) -> float:
+    """1.0 when the response's last code block passes every test, else 0.0 (never raises on the response).
+    `allow_shared_uid`: see `allows_shared_uid`."""
+    sandbox_level(sandbox, allow_shared_uid)
     try:
         spec = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
         kind, code = spec.get("kind"), extract_code(solution_str)
@@ -443,7 +493,7 @@ def compute_score(solution_str: str, ground_truth, timeout_s: float = DEFAULT_TI
         name = spec.get("fn_name") if kind == "functional" else spec.get("entry_point")
         # a Candidate that fails to start closes itself
         candidate = Candidate(build_program(code, spec), "stdin" if kind == "stdin" else "call", name, timeout_s,
-                              memory_mb, sandbox)
+                              memory_mb, sandbox, allow_shared_uid)
         try:
             return 1.0 if _passes(candidate, spec) else 0.0
         finally:
