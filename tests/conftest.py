@@ -100,10 +100,11 @@ UNIT = ("core/", "staleness/", "darts/", "test_docs.py", "trainer/test_replay_st
         "faults/test_run_records.py", "example/test_arithmetic.py", "rollout/test_hf_engine.py")
 
 
-# the files that launch training jobs, longest first: `make test` runs files on two pytest workers (pytest-xdist,
+# the files that launch training jobs or compose many configs, longest first: `make test` runs files on two pytest workers (pytest-xdist,
 # --dist loadfile), which take files in collection order, so the long ones start first and the short ones fill in
 LONG = ("vllm/test_pipeline_fully_async.py", "vllm/test_pipeline_one_step_off.py", "faults/test_kill_resume.py",
-        "faults/test_stop_signal.py", "faults/test_two_jobs.py", "v1/test_v1_trainer.py", "vllm/test_vllm_rollout.py")
+        "faults/test_stop_signal.py", "faults/test_two_jobs.py", "v1/test_v1_trainer.py", "vllm/test_vllm_rollout.py",
+        "trainer/test_launch_each_trainer.py", "cluster/test_documented_commands.py", "cluster/test_presets.py")
 
 
 def pytest_collection_modifyitems(config, items):

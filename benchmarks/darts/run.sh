@@ -5,8 +5,9 @@
 #   PRESET=off CONFIGS="base adapt0" bash benchmarks/darts/run.sh runs/darts    # decoupled PPO, no replay
 #   ROLLOUT=vllm CONFIGS="base adapt0" bash benchmarks/darts/run.sh runs/darts-vllm
 # CONFIGS: base (r = n: every response kept, the reference), fixed0 / fixed1 (r = 10, L = 0 / 1),
-# adapt0 / adapt1 (adaptive r_i, mean 1.25 n in [n, 2n], L = 0 / 1, no warm-up), released (the defaults: the
-# released code's adaptive r_i in [10, 16] with mean 12, L_i = (16 - r_i) // 2, 10 warm-up steps).
+# adapt0 / adapt1 (adaptive r_i, mean 1.25 n in [n, 2n], L = 0 / 1, no warm-up), released (adaptive=true, every
+# other key at its default: the released code's adaptive r_i in [10, 16] with mean 12, L_i = (16 - r_i) // 2, 10
+# warm-up steps).
 # Summary: benchmarks/darts/summary.py.
 set -euo pipefail
 OUT="$(realpath -m "${1:-runs/darts}")"

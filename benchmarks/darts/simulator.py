@@ -2,6 +2,8 @@
 
     python benchmarks/darts/simulator.py --validate docs/evidence/darts/rollout_cpu.json
     python benchmarks/darts/simulator.py --predict docs/evidence/darts/gpu/decode_cost_h100.json
+    python benchmarks/darts/simulator.py --predict docs/evidence/darts/gpu/decode_cost_h100.json --prompts 32 \
+        --workloads "heavy tail" --seeds 0 1 2 3           # a row per seed, and how often fixed beats adaptive
 
 The engine: every request of a step is submitted at once and admitted first come, first served while fewer than
 `max_num_seqs` run and the KV cache has room; each decode step emits one token for every running sequence and costs
@@ -204,8 +206,9 @@ def draw(workload: dict, params: dict[str, np.ndarray], rng: np.random.Generator
 
 
 def steps_with_spread(workload: dict, prompts: int, steps: int, rng: np.random.Generator):
-    """(lengths [prompts, 2n], spread [prompts]) per step, the same prompts every step; the spread is the EMA's view,
-    the std of n kept lengths of the same prompts' previous draw, never of the draw it is paired with."""
+    """(lengths [prompts, 2n], spread [prompts]) per step, the same prompts every step. The spread stands in for the
+    EMA: the sample std of the first n of the same prompts' previous draw (its 2n lengths in request order: what
+    r = n would have kept, not the n a cut tail keeps), never of the draw it is paired with, and no EMA over steps."""
     params = prompt_params(workload, prompts, rng)
     earlier = draw(workload, params, rng)  # the prompts' previous visit
     for _ in range(steps):
@@ -214,14 +217,16 @@ def steps_with_spread(workload: dict, prompts: int, steps: int, rng: np.random.G
         earlier = lengths
 
 
-def predict(cost: dict, prompts: int = 128, steps: int = 5, gpu_gib: float = 80.0) -> str:
-    lines = [f"{prompts} prompts x n = {N} per step, vLLM's max_num_seqs 1024, KV cache 0.85 x {gpu_gib:.0f} GiB less "
-             "weights and 4 GiB; medians over " f"{steps} steps", "",
-             "| model | lengths | base s | " + " | ".join(SETTINGS) + " |", "|---|---|---|" + "---|" * len(SETTINGS)]
-    for model in MODELS:
+def predict_cells(cost: dict, prompts: int = 128, steps: int = 5, gpu_gib: float = 80.0, seed: int = 0,
+                  workloads=tuple(WORKLOADS), models=tuple(MODELS)) -> list[dict]:
+    """Per model and workload: plain generation's median step time (s) and each setting's speed-up over it (medians
+    over `steps` steps of the same prompts; `seed` draws the prompts and their responses)."""
+    cells = []
+    for model in models:
         engine = gpu_engine(cost, model, gpu_gib)
-        for wname, workload in WORKLOADS.items():
-            rng = np.random.default_rng(0)
+        for wname in workloads:
+            workload = WORKLOADS[wname]
+            rng = np.random.default_rng(seed)
             times: dict[str, list[float]] = {s: [] for s in SETTINGS}
             for lengths, spread in steps_with_spread(workload, prompts, steps, rng):
                 for sname, (adaptive, r, keep_last) in SETTINGS.items():
@@ -229,22 +234,60 @@ def predict(cost: dict, prompts: int = 128, steps: int = 5, gpu_gib: float = 80.
                     ls = [(16 - x) // 2 if keep_last is None else keep_last for x in rs]
                     times[sname].append(simulate(lengths.tolist(), rs, ls, N, engine, workload["prompt"])["ms"] / 1e3)
             base = statistics.median(times["base"])
-            cells = [f"{base / statistics.median(t):.2f}x" for t in times.values()]
-            lines.append(f"| Qwen3-{model.upper()} | {wname} | {base:.1f} | " + " | ".join(cells) + " |")
+            cells.append({"model": model, "workload": wname, "seed": seed, "base_s": base,
+                          "speedup": {s: base / statistics.median(t) for s, t in times.items()}})
+    return cells
+
+
+def predict(cost: dict, prompts: int = 128, steps: int = 5, gpu_gib: float = 80.0, seeds=(0,),
+            workloads=tuple(WORKLOADS), models=tuple(MODELS)) -> str:
+    """The markdown table of `predict_cells`; with several seeds a row per seed, then per model and workload how
+    often fixed r = 12 with L = 0 came out ahead of adaptive with L = 0."""
+    many = len(seeds) > 1
+    lines = [f"{prompts} prompts x n = {N} per step, vLLM's max_num_seqs 1024, KV cache 0.85 x {gpu_gib:.0f} GiB less "
+             "weights and 4 GiB; medians over " f"{steps} steps" + (f"; seeds {', '.join(map(str, seeds))}" if many else ""),
+             "", "| model | lengths | " + ("seed | " if many else "") + "base s | " + " | ".join(SETTINGS) + " |",
+             "|---|---|---|" + ("---|" if many else "") + "---|" * len(SETTINGS)]
+    cells = [c for seed in seeds for c in predict_cells(cost, prompts, steps, gpu_gib, seed, workloads, models)]
+    cells.sort(key=lambda c: (list(MODELS).index(c["model"]), list(WORKLOADS).index(c["workload"]), c["seed"]))
+    for c in cells:
+        lines.append(f"| Qwen3-{c['model'].upper()} | {c['workload']} | " + (f"{c['seed']} | " if many else "")
+                     + f"{c['base_s']:.1f} | " + " | ".join(f"{x:.2f}x" for x in c["speedup"].values()) + " |")
+    if many:
+        lines.append("")
+        fixed, adaptive = "fixed r=12, L=0", "adaptive, L=0"
+        for model in models:
+            for wname in workloads:
+                rows = [c["speedup"] for c in cells if c["model"] == model and c["workload"] == wname]
+                ratios = [r[fixed] / r[adaptive] for r in rows]
+                lines.append(f"Qwen3-{model.upper()}, {wname}: {fixed} ahead of {adaptive} in "
+                             f"{sum(x > 1 for x in ratios)} of {len(ratios)} seeds; its speed-up over adaptive's "
+                             f"median {statistics.median(ratios):.2f}x, range {min(ratios):.2f}x-{max(ratios):.2f}x; "
+                             f"{fixed} {min(r[fixed] for r in rows):.2f}x-{max(r[fixed] for r in rows):.2f}x, "
+                             f"{adaptive} {min(r[adaptive] for r in rows):.2f}x-{max(r[adaptive] for r in rows):.2f}x")
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--validate", type=Path, help="rollout_bench.py's JSON")
     ap.add_argument("--predict", type=Path, help="decode_cost.py's JSON (a GPU)")
     ap.add_argument("--prompts", type=int, default=128)
     ap.add_argument("--gpu-gib", type=float, default=80.0)
-    args = ap.parse_args()
+    ap.add_argument("--steps", type=int, default=5, help="--predict: steps per cell (the medians' sample)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="--predict: draws of prompts and responses")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="--predict: of " + ", ".join(WORKLOADS))
+    ap.add_argument("--models", default=",".join(MODELS), help="--predict: of " + ", ".join(MODELS))
+    args = ap.parse_args(argv)
+    workloads, models = args.workloads.split(","), args.models.split(",")
+    unknown = [w for w in workloads if w not in WORKLOADS] + [m for m in models if m not in MODELS]
+    if unknown:
+        ap.error(f"unknown workload(s) or model(s): {', '.join(unknown)}")
     if args.validate:
         print(validate(json.loads(args.validate.read_text())))
     if args.predict:
-        print(predict(json.loads(args.predict.read_text()), args.prompts, gpu_gib=args.gpu_gib))
+        print(predict(json.loads(args.predict.read_text()), args.prompts, args.steps, args.gpu_gib, args.seeds,
+                      workloads, models))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from typing import Any
 from benchmarks.staleness.paired import paired
 from benchmarks.staleness.provenance import same_origin
 from benchmarks.staleness.run_study import _curve, _mean_std, collapse_events, samples_to_reach
-from recipe.darl.demo import VAL_KEY
+from recipe.darl.example.arithmetic import VAL_KEY
 from recipe.darl.robustness.run_records import LAUNCHES_FILE
 
 STEP_TIME = "timing_s/step"

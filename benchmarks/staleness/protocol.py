@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
-from benchmarks.staleness.paired import holm, mean_std, paired
+from benchmarks.staleness.paired import detectable_effect, holm, mean_std, paired, seeds_for_power
 from benchmarks.staleness.provenance import same_origin
 from benchmarks.staleness.run_study import METHODS, load_results, run_key
 
@@ -172,6 +172,39 @@ def heldout_report(results: list[dict[str, Any]], preset: str, alternative: str)
 
 PIPELINE_TRAINERS = ("one_step_off", "fully_async")
 PIPELINE_STEPS = 50
+
+
+def replay_family(results: list[dict[str, Any]], seeds: Iterable[int]) -> list[dict[str, Any]]:
+    """Section 5's four comparisons (all of replay, per-prompt replay alone; s = 4 and 8) over `seeds`, each paired
+    over the seeds both sides have, with Holm's correction across them."""
+    cells = _finals(results, seeds)
+    preset, off, prompt_only = REPLAY_CONFIGS
+    return _verdicts([_pair(cells, s, a, off) for a in (preset, prompt_only) for s in STALENESS])
+
+
+def replay_power(results: list[dict[str, Any]], effect: float = 0.03) -> str:
+    """Section 5's development block: the four differences on its development seeds, their largest standard
+    deviation, and the held-out seeds that give 80% power for `effect` (accuracy, 0.03 = 3 points)."""
+    family = replay_family(results, REPLAY_DEV_SEEDS)
+    lines = ["| s | comparison | development seeds | difference, points [95% interval] | sd, points |", "|---|---|---|---|---|"]
+    sds = []
+    for row in family:
+        cells = _finals(results, REPLAY_DEV_SEEDS)
+        ra, rb = cells.get((row["s"], row["a"]), {}), cells.get((row["s"], row["b"]), {})
+        diffs = [ra[x]["final_accuracy"] - rb[x]["final_accuracy"] for x in sorted(set(ra) & set(rb))]
+        sd = statistics.stdev(diffs) if len(diffs) > 1 else float("nan")
+        sds.append(sd)
+        lines.append(f"| {row['s']} | {row['a']} - {row['b']} | {row['diff'].n} | {row['diff'].points()} | "
+                     f"{100 * sd:.1f} |")
+    complete = all(row["diff"].n == len(REPLAY_DEV_SEEDS) for row in family)
+    if not complete:
+        return "\n".join(lines) + "\n\nheld-out seeds: not yet (a development run is missing)\n"
+    sd = max(sds)
+    n = seeds_for_power(sd, effect)
+    text = "\n".join(lines) + f"\n\nlargest sd {100 * sd:.1f} points: held-out seeds {n}"
+    if n == seeds_for_power(sd, effect, high=10**6):
+        return text + "\n"
+    return text + f" (the cap; 80% power at {100 * detectable_effect(sd, n):.1f} points)\n"
 
 
 def pipeline_launches(preset: str, alternative: str) -> list[tuple[str, str]]:
@@ -443,6 +476,9 @@ def main(argv=None) -> int:
     pa.add_argument("dst", type=Path)
     pa.add_argument("--preset", required=True)
     pa.add_argument("--alternative", required=True)
+    rp = sub.add_parser("replay-power", help="section 5's development differences and the held-out seeds they need")
+    rp.add_argument("study", type=Path)
+    rp.add_argument("--out", type=Path)
     for name, helptext in (("archive", "OUT's raw runs into FOLDER as .jsonl.gz"),
                            ("restore", "FOLDER's archived runs into OUT where it has none")):
         a = sub.add_parser(name, help=helptext)
@@ -474,6 +510,8 @@ def main(argv=None) -> int:
     results = load_results(args.study / "results.jsonl")
     if args.command == "choose":
         text = development_report(results)
+    elif args.command == "replay-power":
+        text = replay_power(results)
     else:
         text = heldout_report(results, args.preset, args.alternative)
         names = dict.fromkeys((*HELDOUT_BASELINES, args.preset, args.alternative))

@@ -32,11 +32,11 @@
 #   DARL_DRY_RUN    1: print the resolved config and exit before Ray starts
 #   DARL_PRINT_CMD  1: print the command instead of running it
 
+source "$(dirname "${BASH_SOURCE[0]}")/../configuration.sh"
+
 # the logical GPUs and CPUs the local Ray cluster advertises (verl's placement counts GPUs, its actors ask for more CPUs
 # than a small machine has); a job that joins a running cluster (RAY_ADDRESS, as shells/run.sh starts one) takes that
 # cluster's own (`ray start --num-gpus --num-cpus`; run.sh: GPUS_PER_NODE, CPUS_PER_NODE)
-source "$(dirname "${BASH_SOURCE[0]}")/../configuration.sh"
-
 ray_resource() {
     if [[ -z "${RAY_ADDRESS:-}" ]]; then echo "++ray_kwargs.ray_init.$1=$2"; fi
 }

@@ -33,6 +33,8 @@ import pytest
 from kill_helpers import ONE_STEP_OFF, Launch, build_inputs, launch, read_log, usr1_to_driver
 from recipe.darl.robustness.checkpoint_files import read_checked
 
+pytestmark = pytest.mark.full  # a long launch: make test-all
+
 STEPS = 5
 FULL = os.environ.get("DARL_FAULT_FULL") == "1"
 

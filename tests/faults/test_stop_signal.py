@@ -19,6 +19,8 @@ import pytest
 from kill_helpers import FULLY_ASYNC, build_inputs, launch, usr1_to_driver
 from recipe.darl.robustness.checkpoint_files import read_checked
 
+pytestmark = pytest.mark.full  # a long launch: make test-all
+
 STEPS = 30  # the configured run; the signal comes after the first update
 N = 4  # the launch's responses per prompt
 DARTS = ("rollout_shaping.enable=true", "rollout_shaping.responses=6", "rollout_shaping.keep_last=1")

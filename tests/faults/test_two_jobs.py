@@ -13,6 +13,8 @@ import pytest
 from kill_helpers import ONE_STEP_OFF, build_inputs, launch
 from recipe.darl.robustness.job_ports import ENV, HIGH, LOW, SLOT, is_port_clash, job_port_range
 
+pytestmark = pytest.mark.full  # a long launch: make test-all
+
 
 def test_the_port_range_comes_from_the_setting_or_a_slot_below_the_ephemeral_range():
     assert job_port_range({ENV: "24000-24064"}) == (24000, 24064)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.staleness.pipeline_report import archive, load_runs, main, merge_runs, report
-from recipe.darl.demo import VAL_KEY
+from recipe.darl.example.arithmetic import VAL_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -262,7 +262,7 @@ def test_the_pipeline_stage_archives_whole_seeds_only(tmp_path):
 
 def _loaded_run(trainer: str, config: str, seed: int, final: float, epochs: int = 1, origin=ORIGIN) -> dict:
     """A pipeline run as load_runs returns it: evaluations at steps 0 and 50 (start 0.2), 2 s a step, one launch."""
-    from recipe.darl.demo import VAL_KEY
+    from recipe.darl.example.arithmetic import VAL_KEY
 
     one_step_off = trainer == "one_step_off"
     cfg = {"data": {"train_batch_size": 32 if one_step_off else 0}, "async_training": {"require_batches": 2},
@@ -307,3 +307,21 @@ def test_the_pipeline_family_is_four_comparisons_with_holm_and_its_gradient_step
     row = next(line for line in section.splitlines() if line.startswith(f"| {preset} |"))
     finals = [0.25 + 0.01 * i + (0.02 if i % 2 else -0.02) for i in range(6)]
     assert row.split(" | ")[3].startswith(f"{sum(0.2 + (f - 0.2) / 2 for f in finals) / 6:.3f} ±"), row
+
+
+def test_replay_power_by_hand():
+    """Section 5: differences of 0, 2, 4, 6, 8, 10 points on the six development seeds in each comparison: mean 5,
+    sd sqrt(70 / 5) = 3.742 points; n = ceil((2.80158 x 3.742 / 3)^2 + 1.921) = ceil(14.13) = 15 held-out seeds."""
+    from benchmarks.staleness.protocol import REPLAY_CONFIGS, REPLAY_DEV_SEEDS, replay_power
+
+    preset, off, prompt_only = REPLAY_CONFIGS
+    runs = []
+    for i, seed in enumerate(REPLAY_DEV_SEEDS):
+        for s in (4, 8):
+            runs.append({"method_name": off, "staleness": s, "seed": seed, "final_accuracy": 0.3})
+            for name in (preset, prompt_only):
+                runs.append({"method_name": name, "staleness": s, "seed": seed, "final_accuracy": 0.3 + 0.02 * i})
+    text = replay_power(runs)
+    assert text.count("| +5.0 [") == 4 and text.count("| 3.7 |") == 4
+    assert "largest sd 3.7 points: held-out seeds 15\n" in text
+    assert "not yet" in replay_power(runs[:-1])

@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
 from kill_helpers import V1, build_inputs, launch, usr1_to_driver  # noqa: E402
 from recipe.darl.robustness.checkpoint_files import read_checked  # noqa: E402
 
+pytestmark = pytest.mark.full  # a long launch: make test-all
+
 CONFIGURED = 8  # steps the first job is configured for; the stop request comes after its third update
 FRESH = 4  # prompts per step (launch's TRAIN_BATCH_SIZE)
 ENV = dict(ROLLOUT="hf", TRAINER_RANKS="2")

@@ -15,6 +15,8 @@ import pytest
 
 from recipe.darl.cpu.vllm_rollout.inductor_cache import is_whole_elf, register, remove_torn_binaries
 
+pytestmark = pytest.mark.full  # a long launch: make test-all
+
 
 CXX = shutil.which("g++") or shutil.which("c++")
 needs_cxx = pytest.mark.skipif(CXX is None, reason="inductor on CPU needs a C++ compiler (g++)")

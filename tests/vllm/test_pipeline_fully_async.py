@@ -15,6 +15,8 @@ from pipelines import (FULLY_ASYNC_STEPS, SYNCS, assert_sharded, assert_stamps_n
                        assert_stamps_tell_versions_apart, build_inputs, read_log, run, stamp_report, trained)
 from recipe.darl.robustness.checkpoint_files import read_checked
 
+pytestmark = pytest.mark.full  # a long launch: make test-all
+
 DARTS = ("rollout_shaping.enable=true",)  # fixed r = ceil(1.5 n) = 6, L = 0: two requests of each group aborted
 
 

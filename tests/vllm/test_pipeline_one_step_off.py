@@ -32,6 +32,8 @@ from pipelines import (ONE_STEP_OFF_STEPS, SCRIPTS, STAMP_TOL, K, assert_sharded
                        kill_vllm_server, launch, read_log, run, stamp_report, trained, updates)
 from recipe.darl.robustness.checkpoint_files import read_checked
 
+pytestmark = pytest.mark.full  # a long launch: make test-all
+
 DARTS = ("rollout_shaping.enable=true", "rollout_shaping.adaptive=true", "rollout_shaping.warmup_steps=2")
 WARMUP = (1, 2)
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.full  # a long launch: make test-all
+
 HERE = Path(__file__).resolve().parent
 # vLLM's log-prob of a generated token vs log_softmax(logits / T) of the trainer's fp32 module, same weights:
 # measured <= 2e-6 on this machine (fp32 both sides; different kernels)

@@ -2,8 +2,9 @@
 
 The kept ones are the n - L that finish first and the L that finish last; with L = 0 the rest are aborted once n
 have finished, which cuts the group's long tail. r_i adapts to an EMA of each prompt's response-length spread.
-Defaults are the released trainer's: r_i in [floor(1.25 n), 2n], mean 1.5 n, L_i = (2n - r_i) // 2, and
-r = 1.5 n with L = 0 for the first 10 steps while the EMA fills.
+By default every prompt gets r = ceil(1.5 n) with L = 0 (the released streaming trainer's fixed path); with
+`adaptive` the defaults are that trainer's adaptive path: r_i in [floor(1.25 n), 2n], mean 1.5 n,
+L_i = (2n - r_i) // 2, and r = 1.5 n with L = 0 for the first 10 steps while the EMA fills.
 """
 
 from __future__ import annotations

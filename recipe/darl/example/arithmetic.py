@@ -10,6 +10,8 @@ import random
 from typing import Optional
 
 DATA_SOURCE = "darl/arithmetic"
+# the validation accuracy verl logs for this data source (greedy, one response per problem)
+VAL_KEY = f"val-core/{DATA_SOURCE}/acc/mean@1"
 INSTRUCTION = "Add. Answer in \\boxed{}."
 HARD_CARRIES = 2
 
