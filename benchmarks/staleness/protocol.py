@@ -46,6 +46,15 @@ ALPHA = 0.05
 # development seeds were drawn at random from 10000-99999 before any of their runs
 REPLAY_CONFIGS = ("darl_tokens_e2", "replay_off_e2", "prompt_replay_only_e2")
 REPLAY_DEV_SEEDS = (13404, 14286, 36273, 56026, 70131, 90538)
+# its held-out seeds, as many as the power calculation on the development seeds asked for (60, the cap), drawn at
+# random from 100000-999999 after the development runs and before any held-out run
+REPLAY_HELDOUT_SEEDS = (
+    100397, 112274, 114496, 121081, 133336, 136167, 145276, 162693, 174968, 195652, 214858, 248012, 270442,
+    300549, 309328, 332690, 373036, 391825, 396522, 405884, 406533, 411836, 421693, 427952, 473272, 524440,
+    530200, 537227, 543232, 584378, 589480, 591226, 596163, 604112, 616364, 618911, 631730, 632279, 633224,
+    634706, 720145, 725267, 743911, 758453, 769245, 783442, 797557, 799017, 824746, 824758, 840735, 886289,
+    897867, 923856, 960151, 964495, 991534, 991881, 992482, 998538,
+)
 
 
 def _finals(results: Iterable[dict[str, Any]], seeds: Iterable[int]) -> dict[tuple[int, str], dict[int, dict]]:

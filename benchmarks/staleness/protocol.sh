@@ -4,6 +4,7 @@
 #   bash benchmarks/staleness/protocol.sh [OUT]                 # validation + development stage (seeds 0-7)
 #   STAGE=heldout bash benchmarks/staleness/protocol.sh [OUT]   # the held-out seeds, once the development stage chose
 #   STAGE=pipeline bash benchmarks/staleness/protocol.sh [OUT]  # the same choice through the CPU launch scripts
+#   STAGE=replay_dev / replay_heldout bash benchmarks/staleness/protocol.sh [OUT]  # section 5: replay on and off
 # TASK (scarce) picks the regime; JOBS (2) runs side by side, one thread each. Runs archived under ARCHIVE
 # (docs/evidence/protocol, written by `python -m benchmarks.staleness.protocol archive OUT ARCHIVE`) are restored first.
 set -euo pipefail
@@ -78,6 +79,11 @@ elif [[ "$STAGE" == replay_dev ]]; then
         "$PY" -m benchmarks.staleness.run_study --out "$OUT/$TASK/replay_dev" "${common[@]}" --staleness "$s" \
             --seeds $(consts REPLAY_DEV_SEEDS) --methods $(consts REPLAY_CONFIGS)
     done
+elif [[ "$STAGE" == replay_heldout ]]; then
+    # protocol.md, section 5: the held-out seeds the power calculation asked for, seed by seed (every run of a seed
+    # at s = 4 and 8 one after another on one machine)
+    "$PY" -m benchmarks.staleness.run_study --out "$OUT/$TASK/replay_heldout" "${common[@]}" --staleness 4 8 \
+        --seeds $(consts REPLAY_HELDOUT_SEEDS) --methods $(consts REPLAY_CONFIGS)
 else
-    echo "STAGE must be dev, heldout, pipeline or replay_dev, got '$STAGE'" >&2; exit 1
+    echo "STAGE must be dev, heldout, pipeline, replay_dev or replay_heldout, got '$STAGE'" >&2; exit 1
 fi
