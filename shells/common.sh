@@ -243,6 +243,8 @@ darl_run() {
 # each trainer step takes MINI_BATCH_SIZE * REQUIRE_BATCHES prompts, weights sync every SYNC_STEPS steps, and the
 # rollouter may run STALENESS_THRESHOLD syncs' worth of samples ahead. Variables [defaults]:
 #   REQUIRE_BATCHES [1]  SYNC_STEPS [4]  STALENESS_THRESHOLD [0.5; 0 with preset=sync]  PARTIAL_ROLLOUT [true; false with sync]
+# At 0.5 (verl's recommended range, below 1) rollouts are at most about one version stale, where the preset did not
+# separate from decoupled PPO on the CPU testbed; its gain was measured at STALENESS_THRESHOLD=4 (README).
 #   TOTAL_ROLLOUT_PROMPTS prompts the rollouter generates in all [20000]
 darl_fully_async_run() {
     DARL_MAIN=recipe.darl.main_fully_async darl_run \
