@@ -18,7 +18,7 @@ SHELLS = ROOT / "shells"
 VARIANTS = ("async", "decoupled", "pmis_sg")
 # the only keys the three launch configurations `_async`, `_decoupled`, `_pmis_sg` may change: the keys their presets
 # (naive, decoupled, darl_tokens_e2) set (docs/config.md, 'Configurations')
-def _preset_keys() -> set[str]:
+def configuration_keys() -> set[str]:
     from recipe.darl.config import presets
 
     keys: set[str] = set()
@@ -174,10 +174,6 @@ def check_key_values(fam, trainer_gpus: int, rollout_gpus: int, dataset: str) ->
             assert corr["bypass_mode"] is False and corr["rollout_is"] == "token" and corr["rollout_is_threshold"] == 2.0
             assert replay["enable"] is True and replay["k"] == 4 and replay["pmis"] is True
             assert replay["stop_grad"] is True and replay["warmup"] == 5
-
-
-def configuration_keys() -> set[str]:
-    return _preset_keys()
 
 
 def check_only_configuration_keys(fam) -> None:
