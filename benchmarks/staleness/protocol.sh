@@ -5,6 +5,7 @@
 #   STAGE=heldout bash benchmarks/staleness/protocol.sh [OUT]   # the held-out seeds, once the development stage chose
 #   STAGE=pipeline bash benchmarks/staleness/protocol.sh [OUT]  # the same choice through the CPU launch scripts
 #   STAGE=replay_dev / replay_heldout bash benchmarks/staleness/protocol.sh [OUT]  # section 5: replay on and off
+#   STAGE=threshold_dev / threshold_heldout bash benchmarks/staleness/protocol.sh [OUT]  # section 6: where it pays
 # TASK (scarce) picks the regime; JOBS (2) runs side by side, one thread each. Runs archived under ARCHIVE
 # (docs/evidence/protocol, written by `python -m benchmarks.staleness.protocol archive OUT ARCHIVE`) are restored first.
 set -euo pipefail
@@ -84,6 +85,25 @@ elif [[ "$STAGE" == replay_heldout ]]; then
     # at s = 4 and 8 one after another on one machine)
     "$PY" -m benchmarks.staleness.run_study --out "$OUT/$TASK/replay_heldout" "${common[@]}" --staleness 4 8 \
         --seeds $(consts REPLAY_HELDOUT_SEEDS) --methods $(consts REPLAY_CONFIGS)
+elif [[ "$STAGE" == threshold_dev || "$STAGE" == threshold_heldout ]]; then
+    # protocol.md, section 6: the preset, decoupled PPO and the alternative through the fully-async CPU script at each
+    # staleness_threshold, seed by seed (every launch of a seed one after another on one machine), the pipeline
+    # stage's batch and steps
+    sweep() { "$PY" -c "from benchmarks.staleness import threshold_sweep as t; print(' '.join(map(format, t.$1)))"; }
+    stage="$OUT/$TASK/$STAGE"
+    "$PY" -m benchmarks.staleness.threshold_sweep restore "${ARCHIVE:-docs/evidence/protocol}/$TASK/$STAGE" "$stage"
+    if [[ "$STAGE" == threshold_dev ]]; then seeds=$(sweep DEV_SEEDS) thresholds=$(sweep DEV_THRESHOLDS)
+    else seeds=$(sweep HELDOUT_SEEDS) thresholds=$(sweep THRESHOLDS); fi
+    [[ -n "$seeds" ]] || { echo "no held-out seeds yet: protocol.md, section 6 draws them after the development block" >&2; exit 1; }
+    for seed in $seeds; do
+        for t in $thresholds; do
+            PYTHON="$PY" TASK="$TASK" LR="$LR" TRAIN_BATCH_SIZE=32 MINI_BATCH_SIZE=16 STALENESS_THRESHOLD="$t" STEPS=50 \
+                SEEDS="$seed" TRAINERS=fully_async CONFIGS="$(sweep CONFIGS)" VERSUS="decoupled" \
+                bash "$here/pipeline_check.sh" "$stage/t$t"
+        done
+    done
+    if [[ "$STAGE" == threshold_dev ]]; then "$PY" -m benchmarks.staleness.threshold_sweep power "$stage"
+    else "$PY" -m benchmarks.staleness.threshold_sweep report "$stage"; fi
 else
-    echo "STAGE must be dev, heldout, pipeline, replay_dev or replay_heldout, got '$STAGE'" >&2; exit 1
+    echo "STAGE must be dev, heldout, pipeline, replay_dev, replay_heldout, threshold_dev or threshold_heldout, got '$STAGE'" >&2; exit 1
 fi

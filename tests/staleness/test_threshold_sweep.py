@@ -1,0 +1,77 @@
+"""The staleness-threshold sweep (protocol.md, section 6): its family, where the preset pays, the development block's
+power, and its archives read back from the pipeline stage's real runs."""
+
+import math
+from pathlib import Path
+
+from benchmarks.staleness import pipeline_report, threshold_sweep as sweep
+from benchmarks.staleness.paired import seeds_for_power
+
+REPO = Path(__file__).resolve().parents[2]
+PIPELINE = REPO / "docs/evidence/protocol/scarce/pipeline/results.jsonl.gz"
+ORIGIN = {"commit": "a" * 40, "dirty": False, "host": "h", "cpu": "c", "boot": "b", "date": "2026-01-01T00:00:00"}
+
+
+def cell(config, t, seed, final):
+    return {"seed": seed, "method_name": config, "staleness": t, "final_accuracy": final, "provenance": dict(ORIGIN)}
+
+
+def sweep_runs(gain_at, seeds=range(8)):
+    """Decoupled PPO at 0.30 + a seed's wobble; the preset `gain_at[t]` above it (+-0.01 by seed parity)."""
+    out = []
+    for t in sweep.THRESHOLDS:
+        for s in seeds:
+            base = 0.30 + 0.01 * (s % 3)
+            out += [cell(sweep.BASELINE, t, s, base), cell(sweep.ALTERNATIVE, t, s, base + 0.005),
+                    cell(sweep.PRESET, t, s, base + gain_at[t] + (0.01 if s % 2 else -0.01))]
+    return out
+
+
+def test_the_preset_pays_from_the_smallest_threshold_supported_at_every_larger_one():
+    rows, secondary = sweep.family(sweep_runs({0.5: 0.0, 1: 0.1, 2: 0.1, 4: 0.2}), range(8))
+    by_t = {r["threshold"]: r for r in rows}
+    assert by_t[0.5]["verdict"] == "not separated" and by_t[1]["verdict"] == "supported"
+    assert math.isclose(by_t[4]["diff"].mean, 0.2) and by_t[4]["diff"].n == 8 and by_t[4]["side_by_side"] == 8
+    assert sweep.pays_from(rows) == 1
+    assert [r["b"] for r in secondary] == [sweep.ALTERNATIVE] * 4
+    # a gap in the middle: the preset pays only from above it
+    rows, _ = sweep.family(sweep_runs({0.5: 0.2, 1: 0.0, 2: 0.2, 4: 0.2}), range(8))
+    assert sweep.pays_from(rows) == 2
+    rows, _ = sweep.family(sweep_runs({0.5: 0.2, 1: 0.2, 2: 0.2, 4: -0.2}), range(8))
+    assert sweep.pays_from(rows) is None and "not supported at the largest" in sweep.report(
+        sweep_runs({0.5: 0.2, 1: 0.2, 2: 0.2, 4: -0.2}), range(8))
+
+
+def test_holm_adjusts_across_the_four_thresholds():
+    rows, _ = sweep.family(sweep_runs({0.5: 0.05, 1: 0.1, 2: 0.1, 4: 0.2}), range(8))
+    ps = sorted(r["diff"].p for r in rows)
+    assert min(r["p_holm"] for r in rows) == min(1.0, 4 * ps[0])  # the smallest p is multiplied by the family's size
+
+
+def test_the_development_block_asks_for_seeds_by_the_largest_sd():
+    runs = []
+    for t, spread in zip(sweep.DEV_THRESHOLDS, (0.02, 0.08, 0.04)):
+        for i, s in enumerate(sweep.DEV_SEEDS):
+            runs += [cell(sweep.BASELINE, t, s, 0.3), cell(sweep.PRESET, t, s, 0.3 + (spread if i else -spread))]
+    text = sweep.power(runs)
+    sd = math.sqrt(2) * 0.08  # two differences, +-0.08: their sample sd
+    assert f"largest sd {100 * sd:.1f} points" in text
+    assert f"held-out seeds {seeds_for_power(sd, 0.03, low=sweep.MIN_SEEDS, high=sweep.MAX_SEEDS)}" in text
+    assert "held-out seeds 12" in text  # the cap binds at this spread
+    assert "not yet" in sweep.power(runs[:-1])
+
+
+def test_archived_runs_round_trip_through_a_stage_folder(tmp_path):
+    runs = [r for r in pipeline_report.load_runs(PIPELINE) if r["trainer"] == "fully_async" and r["config"] != "sync"
+            and r["seed"] in (1344, 1808)]
+    assert len(runs) == 6 and all(r["resolved_config"]["async_training"]["staleness_threshold"] == 4 for r in runs)
+    pipeline_report.archive(runs, tmp_path / "archive" / "t4")
+    stage = tmp_path / "stage"
+    assert sweep.restore(tmp_path / "archive", stage) == 6 and sweep.restore(tmp_path / "archive", stage) == 0
+    got = sweep.results(stage)
+    assert {(r["method_name"], r["seed"], r["staleness"]) for r in got} == {
+        (c, s, 4) for c in sweep.CONFIGS for s in (1344, 1808)}
+    finals = {(r["config"], r["seed"]): pipeline_report.as_result(r, 0)["final_accuracy"] for r in runs}
+    assert all(math.isclose(r["final_accuracy"], finals[(r["method_name"], r["seed"])]) for r in got)
+    again = sweep.archive(stage, tmp_path / "again")
+    assert [p.read_bytes() for p in again] == [(tmp_path / "archive" / "t4" / "results.jsonl.gz").read_bytes()]
