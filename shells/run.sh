@@ -16,13 +16,18 @@
 #   bash shells/run.sh [SCRIPT] [hydra overrides...]      # submits itself with sbatch
 #   SBATCH_ARGS="--nodes=2 --partition=gpu" bash shells/run.sh shells/one_step_off_grpo_4b_math_fsdp2_2_2_replay_4_pmis_sg.sh
 #   bash shells/run.sh shells/fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh   # the fully-async trainer
+#   TRAINER_GPUS=4 ROLLOUT_GPUS=4 bash shells/run.sh SCRIPT    # one node of 8 GPUs (sbatch: --nodes=1 --gpus-per-node=8)
+#   bash shells/run.sh shells/eval.sh --model CKPT             # a checkpoint's evaluation, as a job
 #   sbatch --nodes=2 shells/run.sh SCRIPT ...               # also works; submit from the repository root
+# Every example run.sh is documented with: shells/examples.txt (each passes DRY_RUN=1 in tests/cluster).
 #
 # Run outside a job, the script calls `sbatch` on itself (creating the log folder first, which a plain
 # `sbatch` needs to exist). Inside the job it loads the environment, starts the Ray head on the first
 # node and a Ray worker on every other node (srun), waits until all of them joined, then runs SCRIPT on
 # the first node with RAY_ADDRESS set, so verl joins that cluster. The #SBATCH lines above are
-# defaults; flags given to sbatch (or in SBATCH_ARGS) override them.
+# defaults; flags given to sbatch (or in SBATCH_ARGS) override them. Submitted by run.sh, the job asks for the
+# script's layout: the fewest nodes of NODE_GPUS GPUs that hold its trainer and rollout pools (--nodes), and the most
+# GPUs one of them uses (--gpus-per-node), unless SBATCH_ARGS names the nodes or the GPUs itself.
 #
 # Preemption and time limits: --requeue lets Slurm put a preempted job back in the queue, and
 # --signal=B:USR1@600 sends this script USR1 10 minutes before the time limit. run.sh then forwards USR1 to
@@ -49,10 +54,13 @@
 #   MODULES        environment modules to load, e.g. "cuda/13.0 nccl" (torch 2.11 is built for CUDA 13) []
 #   CONDA_SH       conda's profile script [$(conda info --base)/etc/profile.d/conda.sh when conda exists]
 #   CONDA_ENV      conda environment (name or path) to activate []
-#   VENV           virtualenv folder to activate (bin/activate), "none" for none
-#                  [$DARL_ROOT/.venv if it has bin/activate and CONDA_ENV is unset]
+#   VENV           virtualenv folder to activate (bin/activate), "none" for none [when CONDA_ENV is unset: for a
+#                  script that needs GPUs, $DARL_ROOT/.venv-gpu (`make install-gpu`) if it exists, else none; for
+#                  another, $DARL_ROOT/.venv (`make install`, the CPU stack) if it exists]. A script that needs GPUs
+#                  stops before Ray when the environment's torch cannot use CUDA, naming the python it found
 #   PYTHON         interpreter for the launch script [python3]
 #   GPUS_PER_NODE  GPUs Ray may use on each node [$SLURM_GPUS_ON_NODE, else nvidia-smi's count]
+#   NODE_GPUS      GPUs of one of the cluster's nodes, for the request run.sh derives from the script [8]
 #   CPUS_PER_NODE  CPUs Ray may use on each node [$SLURM_CPUS_PER_TASK, else nproc]
 #   RAY_PORT       Ray head port [a port of the job's own range, below]
 #   DARL_PORT_RANGE  torch.distributed ports of the job's worker groups, LO-HI [a 48-port slot of 20000-31999 chosen
@@ -60,12 +68,14 @@
 #   RAY_HEAD_IP    the head's address [the first node's first IP address]
 #   RAY_WAIT_S     seconds to wait for all Ray nodes [300]
 #   RAY_HEAD_DELAY_S  seconds between starting the head and the workers [10]
-#   GPU_CHECK      0: skip the GPU check below [1]
+#   GPU_CHECK      0: skip the GPU check below and the CUDA check of the environment [1]
 #   STOP_WAIT_S    seconds to wait, after the USR1, for the trainer to save and exit before requeueing anyway;
 #                  keep it under --signal's lead time [540]
 #   NCCL_DEBUG [WARN]   NCCL_SOCKET_IFNAME / NCCL_IB_HCA / NCCL_IB_DISABLE / GLOO_SOCKET_IFNAME [unset:
 #   NCCL's own choice]   TOKENIZERS_PARALLELISM [false]   VLLM_USE_V1 [1]   RAY_DEDUP_LOGS [0]
-#   HF_HOME, WANDB_API_KEY, WANDB_MODE, CUDA_DEVICE_MAX_CONNECTIONS: passed through as set (run.sh does not
+#   HF_HOME, HF_HUB_OFFLINE (1 on nodes without internet: the model from HF_HOME's cache, prepared with
+#   `python -m recipe.darl.data.prepare --model ...` on a login node), WANDB_API_KEY, WANDB_MODE,
+#   CUDA_DEVICE_MAX_CONNECTIONS: passed through as set (run.sh does not
 #   set CUDA_DEVICE_MAX_CONNECTIONS: verl 0.9.1 sets it for Megatron only; with FSDP2, 1 serialises compute
 #   and prefetch, verl PR #6976)
 #   The launch scripts' own variables (MODEL_PATH, DATA_DIR, TRAINER_GPUS, ROLLOUT_GPUS, NNODES,
@@ -80,6 +90,7 @@
 # job's nodes x GPUs per node: at submission from SBATCH_ARGS and the #SBATCH lines above (--nodes,
 # --gpus-per-node, --gres=gpu:N, --gpus), in the job from Slurm's node list and GPUS_PER_NODE.
 # A job that cannot hold them is refused with what the script needs and what the job has.
+# shells/eval.sh (recipe.darl.eval) needs EVAL_GPUS GPUs [1] on one node and runs without Ray.
 set -euo pipefail
 
 DRY_RUN="${DRY_RUN:-0}"
@@ -116,8 +127,11 @@ last_value() {  # last_value KEY WORDS...: the last KEY=value (also +KEY, ++KEY)
 script_gpu_needs() {  # script_gpu_needs SCRIPT_FILE [overrides...]: fills NEEDS and NEEDS_FROM
     local file="$1" out tn tg rn rg
     shift
-    NEEDS=()
-    if grep -qsE '(^|[^_[:alnum:]])darl_(setup|script) ' "$file"; then  # a GPU launch script (shells/common.sh)
+    NEEDS=() SCRIPT_KIND=train
+    if grep -qs 'recipe\.darl\.eval' "$file"; then  # an evaluation (shells/eval.sh): one node, no Ray
+        tn=1 tg="${EVAL_GPUS:-1}" rn=0 rg=0 SCRIPT_KIND=eval
+        NEEDS_FROM="EVAL_GPUS"
+    elif grep -qsE '(^|[^_[:alnum:]])darl_(setup|script) ' "$file"; then  # a GPU launch script (shells/common.sh)
         if ! out="$(DARL_PRINT_CMD=1 DRY_RUN=0 bash "$file" "$@" 2>/dev/null)"; then
             log "warning: $SCRIPT failed to print its command (DARL_PRINT_CMD=1); its GPU needs are not checked"
             return 0
@@ -161,6 +175,18 @@ pools_fit() {  # pools_fit NODES GPUS_PER_NODE: NEEDS' per-node shares packed in
             if (( free[i] >= share )); then free[i]=$(( free[i] - share )); placed=1; break; fi
         done
         (( placed )) || return 1
+    done
+}
+layout_request() {  # layout_request [NODES]: REQ_NODES x REQ_PER_NODE, the fewest nodes (NODES when given) of at most
+    # NODE_GPUS GPUs that hold NEEDS, each with as few GPUs as it can; both empty when none does
+    local max="${NODE_GPUS:-8}" n p last
+    REQ_NODES="" REQ_PER_NODE=""
+    (( ${#NEEDS[@]} )) || return 0
+    last="${1:-$(( NEEDS[0] + NEEDS[2] > 1 ? NEEDS[0] + NEEDS[2] : 1 ))}"
+    for ((n = ${1:-1}; n <= last; n++)); do
+        for ((p = 1; p <= max; p++)); do
+            if pools_fit "$n" "$p"; then REQ_NODES=$n REQ_PER_NODE=$p; return 0; fi
+        done
     done
 }
 check_gpus() {  # check_gpus NODES GPUS_PER_NODE TOTAL_GPUS WHO: exits 1 when SCRIPT's needs do not fit
@@ -223,16 +249,27 @@ if [[ -z "${SLURM_JOB_ID:-}" ]]; then
         log "error: launch script $SCRIPT not found (relative to $PWD or $DARL_ROOT)"
         exit 1
     fi
-    # the allocation asked for: the #SBATCH lines of this file, then SBATCH_ARGS (sbatch: the last flag wins)
+    script_gpu_needs "$script_file" "$@"
+    # the script's layout as the request (--nodes, --gpus-per-node), where SBATCH_ARGS names no GPUs (and no nodes)
+    ALLOC_NODES="" ALLOC_PER_NODE="" ALLOC_TOTAL=""
+    sbatch_allocation "${extra[@]}"
+    layout=()
+    if [[ -z "$ALLOC_PER_NODE$ALLOC_TOTAL" ]]; then
+        layout_request "$ALLOC_NODES"
+        if [[ -n "$REQ_NODES" ]]; then
+            [[ -n "$ALLOC_NODES" ]] || layout+=("--nodes=$REQ_NODES")
+            layout+=("--gpus-per-node=$REQ_PER_NODE")
+        fi
+    fi
+    # the allocation asked for: the #SBATCH lines of this file, the layout, SBATCH_ARGS (sbatch: the last flag wins)
     mapfile -t header < <(sed -n 's/^#SBATCH[[:space:]]\{1,\}//p' "${BASH_SOURCE[0]}")
     ALLOC_NODES=1 ALLOC_PER_NODE="" ALLOC_TOTAL=""
-    sbatch_allocation "${header[@]}" "${extra[@]}"
-    script_gpu_needs "$script_file" "$@"
+    sbatch_allocation "${header[@]}" "${layout[@]}" "${extra[@]}"
     check_gpus "$ALLOC_NODES" "$ALLOC_PER_NODE" "$ALLOC_TOTAL" "the job asks for (#SBATCH lines, SBATCH_ARGS)"
     [[ "$DRY_RUN" == 1 ]] || mkdir -p "$LOG_DIR"
     show sbatch --chdir="$DARL_ROOT" --output="$LOG_DIR/%x-%j.out" \
         --export="ALL,DARL_ROOT=$DARL_ROOT,LOG_DIR=$LOG_DIR,SCRIPT=$SCRIPT" \
-        "${extra[@]}" "$DARL_ROOT/shells/run.sh" "$@"
+        "${layout[@]}" "${extra[@]}" "$DARL_ROOT/shells/run.sh" "$@"
     exit 0
 fi
 
@@ -245,7 +282,10 @@ JOB_TAG="${SLURM_JOB_NAME:-darl}-${SLURM_JOB_ID}"
 RESTART="${SLURM_RESTART_COUNT:-0}"
 log "job $SLURM_JOB_ID (restart $RESTART) in $DARL_ROOT, script $SCRIPT"
 
-# environment: modules, conda, virtualenv
+# environment: modules, conda, virtualenv (the GPU stack for a script that needs GPUs)
+script_gpu_needs "$SCRIPT" "$@"
+GPUS_NEEDED=0
+(( ${#NEEDS[@]} )) && GPUS_NEEDED=$(( NEEDS[0] * NEEDS[1] + NEEDS[2] * NEEDS[3] ))
 if [[ -n "${MODULES:-}" ]]; then
     for m in $MODULES; do module load "$m"; done
 fi
@@ -258,14 +298,21 @@ if [[ -n "${CONDA_ENV:-}" ]]; then
     conda activate "$CONDA_ENV"
 fi
 VENV="${VENV:-}"
-if [[ -z "$VENV" && -z "${CONDA_ENV:-}" && -f "$DARL_ROOT/.venv/bin/activate" ]]; then
-    VENV="$DARL_ROOT/.venv"
+if [[ -z "$VENV" && -z "${CONDA_ENV:-}" ]]; then
+    if (( GPUS_NEEDED > 0 )); then
+        VENV=none
+        [[ -f "$DARL_ROOT/.venv-gpu/bin/activate" ]] && VENV="$DARL_ROOT/.venv-gpu"
+    elif [[ -f "$DARL_ROOT/.venv/bin/activate" ]]; then
+        VENV="$DARL_ROOT/.venv"
+    fi
 fi
 if [[ -n "$VENV" && "$VENV" != none ]]; then
     # shellcheck disable=SC1091
     source "$VENV/bin/activate"
 fi
 export PYTHON="${PYTHON:-python3}"
+log "environment: $(command -v "$PYTHON" || echo "$PYTHON (not found)") (VENV=${VENV:-none}, CONDA_ENV=${CONDA_ENV:-none})" \
+    "for $GPUS_NEEDED GPU(s)${HF_HUB_OFFLINE:+, HF_HUB_OFFLINE=$HF_HUB_OFFLINE}"
 export PYTHONPATH="$DARL_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 # CUDA / NCCL / libraries (no CUDA_DEVICE_MAX_CONNECTIONS: see the variables above)
@@ -289,8 +336,25 @@ if [[ -z "${GPUS_PER_NODE:-}" ]]; then
         GPUS_PER_NODE=0
     fi
 fi
-script_gpu_needs "$SCRIPT" "$@"
 check_gpus "${#NODES[@]}" "$GPUS_PER_NODE" "" "job $SLURM_JOB_ID has"
+# the environment's torch can use CUDA (recipe/darl/checks/preflight.py), before Ray and the launch start (not for a
+# config dry run, DARL_DRY_RUN=1)
+if (( GPUS_NEEDED > 0 )) && [[ "${GPU_CHECK:-1}" != 0 && -z "${DARL_DRY_RUN:-}" ]]; then
+    if ! "$PYTHON" -m recipe.darl.checks.preflight --gpus "$GPUS_NEEDED"; then
+        if [[ "$DRY_RUN" != 1 ]]; then exit 1; fi
+        log "warning (DRY_RUN): the job would stop here"
+    fi
+    export DARL_GPU_ENV_CHECKED=1  # the launch script's own check (shells/common.sh) is then skipped
+fi
+if [[ "$SCRIPT_KIND" == eval ]]; then  # an evaluation: no Ray, the script on this node; its output also to a log
+    RUN_LOG="$LOG_DIR/$JOB_TAG-restart$RESTART.log"
+    log "running $SCRIPT $*; log $RUN_LOG"
+    print_cmd bash "$SCRIPT" "$@"
+    [[ "$DRY_RUN" == 1 ]] && exit 0
+    set +e
+    bash "$SCRIPT" "$@" 2>&1 | tee -a "$RUN_LOG"
+    exit "${PIPESTATUS[0]}"
+fi
 CPUS_PER_NODE="${CPUS_PER_NODE:-${SLURM_CPUS_PER_TASK:-$(nproc)}}"
 # the job's own ports, below the kernel's ephemeral range: 48 for torch.distributed, then the Ray head's
 JOB_PORTS=$(( 20000 + (SLURM_JOB_ID % 187) * 64 ))

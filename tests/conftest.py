@@ -95,7 +95,7 @@ def run_python():
 
 
 # `pytest -m unit`: the tests that start no Ray cluster, no launch script and no vLLM (a few minutes on 2 cores)
-UNIT = ("core/", "staleness/", "darts/", "test_docs.py", "trainer/test_replay_step.py", "trainer/test_tq_rows.py",
+UNIT = ("core/", "staleness/", "darts/", "test_docs.py", "trainer/test_replay_step.py", "trainer/test_transferqueue_plane.py",
         "trainer/test_trainer_hooks.py", "trainer/test_config_check.py", "faults/test_reward_guard.py", "faults/test_trainer_checkpoints.py",
         "faults/test_run_records.py", "example/test_arithmetic.py", "rollout/test_hf_engine.py")
 

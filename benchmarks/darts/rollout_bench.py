@@ -100,11 +100,12 @@ def planner_for(config, setting: str):
     """A fresh `DartsPlanner` for one setting: its rollout_shaping keys, an empty EMA, nothing planned yet."""
     from omegaconf import OmegaConf
 
+    from recipe.darl.trainer_mode import ONE_STEP_OFF, TrainerMode
     from recipe.darl.workers.darts_rollout import DartsPlanner
 
     config = copy.deepcopy(config)
     config.rollout_shaping = OmegaConf.create({"enable": True, **SETTINGS[setting]})
-    return DartsPlanner(config)
+    return DartsPlanner(config, TrainerMode(ONE_STEP_OFF))  # the one-step-off manager's planner
 
 
 def forced_length_worker():

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import yaml
 
 from recipe.darl.core.config import ReplayConfig
-from recipe.darl.trainer_mode import step_budget, trainer_mode
+from recipe.darl.trainer_mode import TrainerMode, mode_of_dry_run
 
 GIB = 2**30
 
@@ -51,13 +51,14 @@ BUFFER_BYTES_PER_TOKEN = 19.04  # token ids, masks and log-probs with 2.5 record
 _LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d[ T]|darl\] |D-ARL\] |validate_config\] )")
 
 
-def resolved_config(script: str, overrides: list[str]) -> dict:
-    """The config `script` would run with `overrides`, from its dry run."""
+def resolved_config(script: str, overrides: list[str]) -> tuple[dict, TrainerMode]:
+    """The config `script` would run with `overrides` and its trainer's mode, from its dry run."""
     env = {"PYTHON": sys.executable, **os.environ, "DARL_DRY_RUN": "1"}
     done = subprocess.run(["bash", script, *overrides], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{script}: the dry run failed:\n{done.stderr[-3000:]}")
-    return yaml.safe_load("\n".join(line for line in done.stdout.splitlines() if not _LOG_LINE.match(line)))
+    config = yaml.safe_load("\n".join(line for line in done.stdout.splitlines() if not _LOG_LINE.match(line)))
+    return config, mode_of_dry_run(done.stdout)
 
 
 def model_of(path: str) -> str:
@@ -83,7 +84,7 @@ def generation_s(cost: ModelCost, sequences: int, prompt: int, mean: float, long
     return ms / 1e3
 
 
-def estimate(cfg: dict, mean_response: Optional[float] = None, gpu_gib: float = 80.0,
+def estimate(cfg: dict, mode: TrainerMode, mean_response: Optional[float] = None, gpu_gib: float = 80.0,
              train_rows: Optional[int] = None) -> dict[str, Any]:
     ar, data, trainer = cfg["actor_rollout_ref"], cfg["data"], cfg["trainer"]
     cost = MODELS[model_of(ar["model"]["path"])]
@@ -92,7 +93,7 @@ def estimate(cfg: dict, mean_response: Optional[float] = None, gpu_gib: float = 
     longest = min(2.5 * mean, float(data["max_response_length"]))
     prompt = min(float(data["max_prompt_length"]) / 2, 250.0)
     n = int(ar["rollout"]["n"])
-    groups = step_budget(cfg)
+    groups = mode.step_budget(cfg)
     replay = cfg.get("replay") or {}
     ratio = ReplayConfig.from_dict(replay).resolved("ratio") if replay.get("enable") else None
     trained_groups = groups * (1 + (ratio or 0))  # additive replay trains up to `ratio` more groups than fresh ones
@@ -112,7 +113,7 @@ def estimate(cfg: dict, mean_response: Optional[float] = None, gpu_gib: float = 
     rows = train_rows or TRAIN_ROWS.get(dataset or "")
     if trainer.get("total_training_steps"):
         steps = int(trainer["total_training_steps"])
-    elif trainer_mode(cfg).fully_async and rollout.get("total_rollout_steps"):
+    elif mode.fully_async and rollout.get("total_rollout_steps"):
         steps = int(rollout["total_rollout_steps"]) // groups  # the rollouter's prompts in all, a step's groups each
     else:
         steps = int(trainer["total_epochs"]) * rows // max(int(data["train_batch_size"]), 1) if rows else None
@@ -128,11 +129,35 @@ def estimate(cfg: dict, mean_response: Optional[float] = None, gpu_gib: float = 
     }
 
 
+# bytes a parameter takes in a verl FSDP checkpoint, by actor.checkpoint.save_contents: the fp32 model shards (verl's
+# FSDP model_dtype is fp32), AdamW's two fp32 moments, and with hf_model a full fp32 Hugging Face copy ("extra": the
+# scheduler and RNG states, a few KiB)
+CHECKPOINT_BYTES_PER_PARAM = {"model": 4, "optimizer": 8, "hf_model": 4}
+
+
+def checkpoint_disk(cfg: dict, steps: Optional[int], replay_mib: float = 0.0) -> dict[str, Any]:
+    """One checkpoint's size (its save_contents, plus D-ARL's replay buffer), how many are saved and kept, and the disk
+    the run's checkpoint folder needs at most: the trainer writes a new checkpoint before it removes the oldest one
+    beyond trainer.max_actor_ckpt_to_keep (None: every one is kept)."""
+    ar, trainer = cfg["actor_rollout_ref"], cfg["trainer"]
+    params = MODELS[model_of(ar["model"]["path"])].params
+    contents = (ar["actor"].get("checkpoint") or {}).get("save_contents") or ["model", "optimizer", "extra"]
+    size = params * sum(CHECKPOINT_BYTES_PER_PARAM.get(c, 0) for c in contents) / GIB + replay_mib / 1024
+    freq = int(trainer.get("save_freq") or -1)
+    saves = -(-steps // freq) if steps and freq > 0 else (0 if freq <= 0 else None)  # the last step saves too
+    keep = 1 if trainer.get("remove_previous_ckpt_in_save") else trainer.get("max_actor_ckpt_to_keep")
+    keep = None if keep is None or int(keep) <= 0 else int(keep)
+    peak = saves if keep is None else (keep + 1 if saves is None else min(saves, keep + 1))
+    return {"checkpoint GiB (each)": size, "checkpoints saved": saves,
+            "checkpoints kept (max_actor_ckpt_to_keep)": keep if keep is not None else saves,
+            "checkpoint disk GiB (at most)": size * peak if peak is not None else None}
+
+
 def table(script: str, figures: dict[str, Any]) -> str:
     def fmt(v):
         return "-" if v is None else f"{v:,.1f}" if isinstance(v, float) else str(v)
 
-    return "\n".join([f"estimate for {script} (from costs measured on one H100; docs/running.md)"]
+    return "\n".join([f"estimate for {script} (from costs measured on one H100; docs/performance.md)"]
                      + [f"  {k:<32} {fmt(v)}" for k, v in figures.items()])
 
 
@@ -143,7 +168,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--mean-response", type=float, help="mean response tokens [GSM8K 250, MATH 700]")
     p.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU [80]")
     args = p.parse_args(argv)
-    print(table(args.script, estimate(resolved_config(args.script, args.overrides), args.mean_response, args.gpu_gib)))
+    cfg, mode = resolved_config(args.script, args.overrides)
+    figures = estimate(cfg, mode, args.mean_response, args.gpu_gib)
+    figures.update(checkpoint_disk(cfg, figures["steps"], figures["replay buffer host MiB"]))  # disk for checkpoints
+    print(table(args.script, figures))
     return 0
 
 

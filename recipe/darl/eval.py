@@ -5,7 +5,7 @@
 
 CKPT is a Hugging Face folder or a verl checkpoint, merged first (`resolve_model`). Per benchmark, scored with the
 training reward: pass@1 (greedy), avg@k (mean correctness of k samples) and pass@k (at least one of k correct).
-Backends, checkpoints and outputs: docs/running.md, "Evaluation".
+Backends, checkpoints and outputs: docs/evaluation.md.
 """
 
 from __future__ import annotations

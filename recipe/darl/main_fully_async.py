@@ -9,14 +9,17 @@ import hydra
 from omegaconf import DictConfig
 
 from recipe.darl.checks.config_check import fully_async_findings
+from recipe.darl.trainer_mode import FULLY_ASYNC, TrainerMode
 from .main_one_step_off import prepare_config, rewrite_plus_overrides, run_or_print
+
+MODE = TrainerMode(FULLY_ASYNC)
 
 
 def prepare_fully_async_config(config: DictConfig) -> DictConfig:
     """`prepare_config`, the fully-async warnings, and verl's reward-config migration its task runner expects."""
     from verl.experimental.reward_loop import migrate_legacy_reward_impl
 
-    prepare_config(config)
+    prepare_config(config, MODE)
     for warning in fully_async_findings(config)[1]:
         print(f"[D-ARL] warning: {warning}")
     return migrate_legacy_reward_impl(config)
@@ -24,7 +27,7 @@ def prepare_fully_async_config(config: DictConfig) -> DictConfig:
 
 @hydra.main(config_path="config", config_name="fully_async_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    run_or_print(prepare_fully_async_config(config), "DarlFullyAsyncTaskRunner")
+    run_or_print(prepare_fully_async_config(config), MODE, "DarlFullyAsyncTaskRunner")
 
 
 if __name__ == "__main__":

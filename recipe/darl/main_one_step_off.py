@@ -16,8 +16,9 @@ from recipe.darl.checks.fixups import apply_fixups
 from recipe.darl.robustness.run_records import keep_run_records
 from recipe.darl.robustness.stop_request import install_stop_signal
 from recipe.darl.checks.preflight import preflight
-from recipe.darl.trainer_mode import trainer_mode
+from recipe.darl.trainer_mode import DRY_RUN_MODE, ONE_STEP_OFF, TrainerMode
 
+MODE = TrainerMode(ONE_STEP_OFF)
 PLUS_KEYS = ("+replay.", "+algorithm.rollout_is=", "+algorithm.rollout_is_threshold=")
 
 
@@ -26,23 +27,23 @@ def rewrite_plus_overrides(argv: list[str]) -> list[str]:
     return ["+" + a if a.startswith(PLUS_KEYS) else a for a in argv]
 
 
-def prepare_config(config: DictConfig, v1: bool = False) -> DictConfig:
+def prepare_config(config: DictConfig, mode: TrainerMode) -> DictConfig:
     """The fix-ups (checks/fixups.py), checks (raising `ConfigError` before Ray starts), the rollout resource copy
     every trainer makes, and verl's own `validate_config`, which the one-step-off and V1 task runners run only after
-    Ray starts (v1: verl's V1 trainer's config; the fully-async task runner runs none)."""
+    Ray starts (the fully-async task runner runs none); `mode`: the trainer the entry point launches."""
     from verl.trainer.main_ppo import need_critic, need_reference_policy, validate_config
     from verl.utils.device import auto_set_device
 
-    contradictions, changes = apply_fixups(config)  # the only place D-ARL changes the composed config
-    problems, lines = preflight(config)  # wandb credentials, the data, the per-prompt store's bound
+    contradictions, changes = apply_fixups(config, mode)  # the only place D-ARL changes the composed config
+    problems, lines = preflight(config, mode)  # wandb credentials, the data, the per-prompt store's bound
     for line in changes + lines:
         print(line, file=sys.stderr)
-    validate_or_raise(config, extra=contradictions + problems, v1=v1)
+    validate_or_raise(config, mode, extra=contradictions + problems)
     auto_set_device(config)
-    if "rollout" in config:  # the V0 trainers' rollout GPUs (V1 reads actor_rollout_ref.rollout's own)
+    if not mode.v1:  # the V0 trainers' rollout GPUs (V1 reads actor_rollout_ref.rollout's own)
         config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
         config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node
-    if not trainer_mode(config).fully_async:  # the fully-async trainer's train_batch_size of 0 fails verl's batch checks
+    if not mode.fully_async:  # the fully-async trainer's train_batch_size of 0 fails verl's batch checks
         # its report and notes ("Disabled critic ...") to stderr, or silenced: they would break a dry run's config
         with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -51,11 +52,12 @@ def prepare_config(config: DictConfig, v1: bool = False) -> DictConfig:
     return config
 
 
-def run_or_print(config: DictConfig, task_runner: str) -> None:
-    """verl's run_ppo with the task runner of that name in `trainers.task_runners` (DARL_DRY_RUN: the resolved config
-    only, without importing the trainers). The SIGUSR1 stop request and the run records (a relaunch keeps the metrics
+def run_or_print(config: DictConfig, mode: TrainerMode, task_runner: str) -> None:
+    """verl's run_ppo with the task runner of that name in `trainers.task_runners` (DARL_DRY_RUN: the mode's line and
+    the resolved config only, without importing the trainers). The SIGUSR1 stop request and the run records (a relaunch keeps the metrics
     file and wandb run) are set up before Ray starts."""
     if os.environ.get("DARL_DRY_RUN"):
+        print(DRY_RUN_MODE + mode.name)
         print(OmegaConf.to_yaml(config, resolve=True))
         return
     from verl.trainer.main_ppo import run_ppo
@@ -69,7 +71,7 @@ def run_or_print(config: DictConfig, task_runner: str) -> None:
 
 @hydra.main(config_path="config", config_name="one_step_off_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    run_or_print(prepare_config(config), "DarlTaskRunner")
+    run_or_print(prepare_config(config, MODE), MODE, "DarlTaskRunner")
 
 
 if __name__ == "__main__":

@@ -9,11 +9,18 @@ import hydra
 from omegaconf import DictConfig
 
 from recipe.darl.main_one_step_off import prepare_config, rewrite_plus_overrides, run_or_print
+from recipe.darl.trainer_mode import TrainerMode
+
+
+def launch_mode(config: DictConfig) -> TrainerMode:
+    """The V1 mode this launch runs: trainer.v1.trainer_mode (checked against V1_MODES before Ray starts)."""
+    return TrainerMode(str(config.trainer.v1.trainer_mode))
 
 
 @hydra.main(config_path="config", config_name="v1_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    run_or_print(prepare_config(config, v1=True), "DarlTaskRunnerV1")
+    mode = launch_mode(config)
+    run_or_print(prepare_config(config, mode), mode, "DarlTaskRunnerV1")
 
 
 if __name__ == "__main__":

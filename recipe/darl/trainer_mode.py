@@ -1,7 +1,8 @@
 """Which trainer a config is for, and what follows from it, in one place: `TrainerMode`.
 
-Each trainer class holds its mode; code that has only the config (the checks, the workers, the estimate) asks
-`trainer_mode(cfg, v1)`, v1 for main_v1's config.
+The launch decides the mode once (each entry point, `main_*.py`, names its trainer; V1's from
+`trainer.v1.trainer_mode`) and hands it down: the fix-ups, checks and preflight take it, each trainer class holds its
+own, the dry run prints it for the estimate, and each DARTS manager class belongs to one trainer kind.
 """
 
 from __future__ import annotations
@@ -58,13 +59,12 @@ class TrainerMode:
         return max(1, int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes) // sp)
 
 
-def trainer_mode(cfg: DictConfig, v1: bool = False) -> TrainerMode:
-    """The mode of a composed config (fully-async: it has verl's `async_training` group); v1: verl's V1 trainer's."""
-    if v1:
-        return TrainerMode(str(cfg.trainer.v1.trainer_mode))
-    return TrainerMode(FULLY_ASYNC if cfg.get("async_training") is not None else ONE_STEP_OFF)
+DRY_RUN_MODE = "# trainer mode: "  # the dry run's first line: the mode the launch decided (read by the estimate)
 
 
-def step_budget(cfg: DictConfig) -> int:
-    """B of a V0 config, or of a plain container of one (the workers and the estimate have only the config)."""
-    return trainer_mode(cfg).step_budget(cfg)
+def mode_of_dry_run(text: str) -> TrainerMode:
+    """The mode a launch's dry run printed (`DRY_RUN_MODE` line) ahead of its resolved config."""
+    for line in text.splitlines():
+        if line.startswith(DRY_RUN_MODE):
+            return TrainerMode(line[len(DRY_RUN_MODE):].strip())
+    raise ValueError(f"no '{DRY_RUN_MODE.strip()}' line in the dry run's output")

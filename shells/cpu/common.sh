@@ -60,7 +60,7 @@ darl_cpu_setup() {
     export PYTHONPATH="$DARL_REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
     export VERL_PLATFORM=cpu OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
     # Ray would prestart idle workers for the logical CPUs the scripts declare (16-33) on a machine with a few real
-    # cores, where they compete with verl's actors as those start (docs/cpu.md: launch time with and without)
+    # cores, where they compete with verl's actors as those start and slow the launch
     export RAY_enable_worker_prestart="${RAY_enable_worker_prestart:-0}" RAY_prestart_worker_first_driver="${RAY_prestart_worker_first_driver:-0}"
     EXPERIMENT_NAME="${EXPERIMENT_NAME:-$(basename "$0" .sh)$(darl_preset_suffix)${SEED:+_seed$SEED}}"
     OUT_DIR="${OUT_DIR:-$DARL_REPO_ROOT/outputs/$EXPERIMENT_NAME}"

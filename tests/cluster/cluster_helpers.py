@@ -73,11 +73,13 @@ def compose(jobs: list[tuple[Path, list[str], dict]]) -> list[dict]:
     from hydra import compose as hydra_compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from recipe.darl import main_one_step_off, main_fully_async
+    from recipe.darl import main_fully_async, main_one_step_off, main_v1
 
-    entry = {"recipe.darl.main_one_step_off": ("one_step_off_trainer", main_one_step_off.prepare_config),
+    prepare_config = main_one_step_off.prepare_config
+    entry = {"recipe.darl.main_one_step_off": ("one_step_off_trainer",
+                                               lambda cfg: prepare_config(cfg, main_one_step_off.MODE)),
              "recipe.darl.main_fully_async": ("fully_async_trainer", main_fully_async.prepare_fully_async_config),
-             "recipe.darl.main_v1": ("v1_trainer", lambda cfg: main_one_step_off.prepare_config(cfg, v1=True))}
+             "recipe.darl.main_v1": ("v1_trainer", lambda cfg: prepare_config(cfg, main_v1.launch_mode(cfg)))}
     out = []
     for script, args, env in jobs:
         printed = subprocess.run(["bash", str(script), *args], env={**env, "DARL_PRINT_CMD": "1"}, capture_output=True,
@@ -142,7 +144,7 @@ def check_key_values(fam, trainer_gpus: int, rollout_gpus: int, dataset: str) ->
         assert arr["hybrid_engine"] is False
         assert rollout["calculate_log_probs"] is True and rollout["free_cache_engine"] is False
         assert rollout["tensor_model_parallel_size"] == 1 and rollout["n"] == 8
-        # vLLM's share, with the weight sync's buffers (up to 3 x 1024 MB) outside it on the same GPU (docs/running.md, 'GPU memory')
+        # vLLM's share, with the weight sync's buffers (up to 3 x 1024 MB) outside it on the same GPU (docs/performance.md, 'GPU memory')
         assert rollout["gpu_memory_utilization"] == 0.8
         assert rollout["checkpoint_engine"]["update_weights_bucket_megabytes"] == 1024
         # sdpa when flash_attn cannot be imported (recipe/darl/checks/preflight.py), else verl's flash_attention_2

@@ -1,7 +1,8 @@
-"""Every command in README.md, docs/install.md and docs/running.md runs as written, as far as this machine allows: a
-launch script through its dry run (DARL_DRY_RUN=1; run.sh with DRY_RUN=1), a Python entry point's flags and choices
-against its `--help`, a make target through `make -n`, a pip requirement file by its existence. Commands that need
-a GPU or the network (nvidia-smi, `python -c "import torch..."`, pip installs by name) are listed as skipped."""
+"""Every command in README.md and the install, data, running, cluster and evaluation docs runs as written, as far as
+this machine allows: a launch script through its dry run (DARL_DRY_RUN=1; run.sh with DRY_RUN=1), a Python entry
+point's flags and choices against its `--help`, a make target through `make -n`, a pip requirement file by its
+existence. Commands that need a GPU or the network (nvidia-smi, `python -c "import torch..."`, pip installs by name)
+are listed as skipped."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import ROOT, base_env
 
-PAGES = ("README.md", "docs/install.md", "docs/running.md")
+PAGES = ("README.md", "docs/install.md", "docs/data.md", "docs/running.md", "docs/cluster.md", "docs/evaluation.md")
 PROGRAMS = ("python", "bash", "make", "pip", "for", "nvidia-smi")
 SKIPPED = ("nvidia-smi", "python -c", "pip install --no-deps", "pip install flash-attn")
 A_SCRIPT = "shells/one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"  # for the placeholder SCRIPT

@@ -13,6 +13,7 @@ from recipe.darl.checks import fixups, preflight
 from recipe.darl.checks.config_check import ConfigError
 from recipe.darl.checks.fixups import select_attention
 from recipe.darl.checks.preflight import logger_problems, wandb_credentials_found
+from recipe.darl.main_one_step_off import MODE
 
 PMIS_17B = SHELLS / "one_step_off_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
 FA_PMIS = SHELLS / "fully_async_grpo_1.7b_gsm8k_fsdp2_1_1_replay_4_pmis_sg.sh"
@@ -184,7 +185,7 @@ _STORE = ("replay.enable=true", "replay.prompt_replay=16", "data.max_response_le
 @pytest.mark.parametrize("age, held, warned", [("null", 16000, False), (40, 10240, False), (8, 2048, True)])
 def test_the_prompt_store_line_gives_its_bound_from_the_rows_and_the_age(age, held, warned):
     cfg = _compose(*_STORE, f"replay.prompt_replay_max_age={age}")
-    line = preflight.prompt_store_line(cfg, rows_of=lambda paths: 1000)
+    line = preflight.prompt_store_line(cfg, MODE, rows_of=lambda paths: 1000)
     # no age: 1000 prompts x 16; age A: at most A x 32 prompts x 8 responses (40 steps pass over the 1000 prompts)
     assert f"holds at most {held} responses" in line
     assert f"<= {held * 1024 * 9 / 2**30:.2f} GiB at 1024 tokens" in line
@@ -193,13 +194,13 @@ def test_the_prompt_store_line_gives_its_bound_from_the_rows_and_the_age(age, he
 
 
 def test_the_prompt_store_line_without_rows_and_when_off(tmp_path):
-    assert preflight.prompt_store_line(_compose(*_STORE[1:])) is None  # replay off
-    assert preflight.prompt_store_line(_compose(_STORE[0], "replay.prompt_replay=false")) is None  # per-prompt replay off
-    assert preflight.prompt_store_line(_compose(_STORE[0], "replay.pmis=false")) is None  # null follows pmis false: off
+    assert preflight.prompt_store_line(_compose(*_STORE[1:]), MODE) is None  # replay off
+    assert preflight.prompt_store_line(_compose(_STORE[0], "replay.prompt_replay=false"), MODE) is None  # per-prompt replay off
+    assert preflight.prompt_store_line(_compose(_STORE[0], "replay.pmis=false"), MODE) is None  # null follows pmis false: off
     # null follows the preset (16): the line is printed for the preset as shipped
-    assert preflight.prompt_store_line(_compose(*_STORE[:1]), rows_of=lambda paths: None).startswith(
+    assert preflight.prompt_store_line(_compose(*_STORE[:1]), MODE, rows_of=lambda paths: None).startswith(
         "[D-ARL] replay.prompt_replay=16: the per-prompt store keeps 16 responses")
-    line = preflight.prompt_store_line(_compose(*_STORE), rows_of=lambda paths: None)
+    line = preflight.prompt_store_line(_compose(*_STORE), MODE, rows_of=lambda paths: None)
     assert "keeps 16 responses of every prompt seen" in line and "prompt_replay_max_age" in line
     # the rows come from the parquet files' metadata; a file that is not local parquet gives no count
     import pandas as pd
@@ -209,5 +210,5 @@ def test_the_prompt_store_line_without_rows_and_when_off(tmp_path):
     assert preflight.parquet_rows([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]) == 8
     assert preflight.parquet_rows([str(tmp_path / "a.parquet"), "hdfs://x/c.parquet"]) is None
     cfg = _compose(*_STORE, f"data.train_files={tmp_path / 'b.parquet'}", "++faults.check_data=false")
-    lines = preflight.preflight(cfg, env={"WANDB_MODE": "offline"})[1]
+    lines = preflight.preflight(cfg, MODE, env={"WANDB_MODE": "offline"})[1]
     assert any("holds at most 80 responses" in line for line in lines)  # 5 prompts x 16

@@ -159,17 +159,28 @@ def _submit(env, script, *args, **extra):
                           timeout=60)
 
 
-def test_submit_refuses_the_4b_script_on_run_sh_defaults(slurm):
-    """run.sh's #SBATCH defaults (1 node x 2 GPUs) cannot hold 2 + 2: refused before sbatch, saying what and why."""
+def test_submit_asks_for_the_scripts_layout(slurm):
+    """Without GPU flags in SBATCH_ARGS the request follows the script (2 + 2: one node of 4 GPUs), over the #SBATCH
+    line's 2; with --nodes given, the GPUs per node for that many nodes."""
     tmp, env, _, _ = slurm
-    p = _submit(env, FOUR_B)
+    assert _submit(env, FOUR_B).returncode == 0
+    assert _submit(env, FOUR_B, SBATCH_ARGS="--nodes=2").returncode == 0
+    first, second = calls(tmp)
+    assert " --nodes=1 --gpus-per-node=4 " in first
+    assert " --gpus-per-node=2 --nodes=2 " in second and "--nodes=1" not in second
+
+
+def test_submit_refuses_the_4b_script_on_fewer_gpus_asked_for(slurm):
+    """SBATCH_ARGS' own --gpus-per-node=2 (1 node) cannot hold 2 + 2: refused before sbatch, saying what and why."""
+    tmp, env, _, _ = slurm
+    p = _submit(env, FOUR_B, SBATCH_ARGS="--gpus-per-node=2")
     assert p.returncode == 1 and not calls(tmp) and not (tmp / "logs").exists()
     msg = p.stderr
     assert FOUR_B in msg and "needs 4 GPUs: trainer 1 node(s) x 2 + rollout 1 node(s) x 2" in msg
     assert "the job asks for (#SBATCH lines, SBATCH_ARGS) 1 node(s) x 2 GPUs = 2" in msg
     assert p.stdout == ""  # no sbatch command printed either
     # the same under DRY_RUN: refused, nothing printed
-    p = _submit(env, FOUR_B, DRY_RUN="1")
+    p = _submit(env, FOUR_B, DRY_RUN="1", SBATCH_ARGS="--gpus-per-node=2")
     assert p.returncode == 1 and p.stdout == ""
 
 
@@ -202,16 +213,16 @@ def test_submit_refuses_what_the_allocation_cannot_hold(slurm, sbatch_args, extr
 def test_submit_checks_the_fully_async_scripts_and_can_be_skipped(slurm):
     tmp, env, _, _ = slurm
     assert _submit(env, FULLY_ASYNC).returncode == 0  # 1 + 1 on the default 1 x 2
-    p = _submit(env, FULLY_ASYNC, TRAINER_GPUS="2")
+    p = _submit(env, FULLY_ASYNC, TRAINER_GPUS="2", SBATCH_ARGS="--gpus-per-node=2")
     assert p.returncode == 1 and FULLY_ASYNC in p.stderr and "needs 3 GPUs" in p.stderr
-    assert _submit(env, FULLY_ASYNC, TRAINER_GPUS="2", GPU_CHECK="0").returncode == 0
+    assert _submit(env, FULLY_ASYNC, TRAINER_GPUS="2", GPU_CHECK="0", SBATCH_ARGS="--gpus-per-node=2").returncode == 0
     assert len(calls(tmp)) == 2
 
 
 def test_submit_checks_the_v1_scripts(slurm):
     tmp, env, _, _ = slurm
     assert _submit(env, V1).returncode == 0  # 1 + 1 on the default 1 x 2
-    p = _submit(env, V1, ROLLOUT_GPUS="2")
+    p = _submit(env, V1, ROLLOUT_GPUS="2", SBATCH_ARGS="--gpus-per-node=2")
     assert p.returncode == 1 and "needs 3 GPUs: trainer 1 node(s) x 1 + rollout 1 node(s) x 2" in p.stderr
     assert len(calls(tmp)) == 1
 

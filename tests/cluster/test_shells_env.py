@@ -83,7 +83,7 @@ def test_dry_run_reports_config_errors(tmp_path):
 
 
 def test_memory_settings_from_the_environment(tmp_path):
-    """The knobs docs/running.md ('GPU memory') names for 40 GB cards: vLLM's share, the weight-sync bucket, the micro-batch tokens."""
+    """The knobs docs/performance.md ('GPU memory') names for 40 GB cards: vLLM's share, the weight-sync bucket, the micro-batch tokens."""
     import shlex
 
     env = base_env(tmp_path)

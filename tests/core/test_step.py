@@ -115,3 +115,21 @@ def test_begin_and_end_run_the_whole_step_through_a_plane():
     empty = _Plane()
     skipped = ReplayStep(None).begin(empty, [], 2, 2, 1, 1, ClipSettings(2.0, 0.2, 0.3))
     assert skipped.plan.selection.skipped and empty.calls == [] and skipped.old_log_probs is None
+
+
+def test_the_loss_inputs_are_declared_once_for_every_plane_and_the_loss():
+    import inspect
+
+    from recipe.darl.core import LossInputs
+    from recipe.darl.workers.actor_loss import BATCH_KEYS
+
+    params = inspect.signature(darl_policy_loss).parameters
+    assert all(name in params for name in LossInputs.FIELDS)  # the loss takes each by name
+    assert BATCH_KEYS == tuple(f"darl_{name}" for name in LossInputs.FIELDS)  # the actor reads each by its batch key
+    weights = batch_weights(torch.ones(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([0, 0]), "own",
+                            "tokens", 2.0)
+    inputs = LossInputs(weights, torch.tensor([0.2, 0.1]), torch.tensor([0.3, 0.25]))
+    fields = inputs.batch_fields(3)
+    assert list(fields) == list(BATCH_KEYS) and all(v.shape == (2, 3) for v in fields.values())
+    assert torch.equal(fields["darl_clip_low"][1], torch.full((3,), 0.1))  # a sample's range along its response
+    assert torch.equal(fields["darl_token_coef"], weights.token_coef.float())

@@ -100,10 +100,11 @@ def test_the_timeout_key():
 
 def test_the_config_check_refuses_a_bad_timeout(compose_config):
     from recipe.darl.checks.config_check import check_config
+    from recipe.darl.main_one_step_off import MODE
 
-    assert not [p for p in check_config(compose_config()) if "faults" in p]
+    assert not [p for p in check_config(compose_config(), MODE) if "faults" in p]
     assert any("faults.generation_timeout_s must be null" in p
-               for p in check_config(compose_config("faults.generation_timeout_s=-5")))
+               for p in check_config(compose_config("faults.generation_timeout_s=-5"), MODE))
 
 
 def test_fully_async_a_failed_rollouter_generation_is_an_error_not_a_finished_run():

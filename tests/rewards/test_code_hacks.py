@@ -740,3 +740,117 @@ def test_memory_outside_the_address_space_limit_is_refused():
     assert score(code, json.dumps({"kind": "stdin", "tests": [{"input": "", "output": "2"}]}),
                  sandbox="namespaces") == 1.0
     assert not os.path.exists("/dev/shm/darl_hack")
+
+
+# --------------------------------------------------------------------------- the limits level's walls
+
+# Each program prints "held" when the kernel refused it, "escaped" when not; the trainer's side checks the host too.
+# (ctypes and importlib.reload undo any guard written in Python: only what the kernel enforces counts.)
+LIMITS_WALLS = r"""
+import json, os, socket, threading, time
+from recipe.darl.rewards import _runner, code_reward as c
+if DENY:  # as a container runtime's syscall filter that lacks Landlock's calls: the runner falls back
+    assert _runner.deny_syscalls(_runner.load_libseccomp(), DENY) == "on"
+NAME = f"darl_wall_{os.getpid()}"
+mine = f"/tmp/{NAME}_trainers"
+with open(mine, "w") as f:
+    f.write("kept")
+os.chmod(mine, 0o644)
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(4)
+server.settimeout(0.2)
+port, accepted, stop = server.getsockname()[1], [], threading.Event()
+
+def accept():
+    while not stop.is_set():
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+threading.Thread(target=accept, daemon=True).start()
+HELD = "\nprint('escaped' if escaped else 'held')\n"
+programs = {
+    "os.open in /tmp": f"import os\ntry:\n    os.close(os.open('/tmp/{NAME}', os.O_CREAT | os.O_WRONLY, 0o666))\n"
+                       "    escaped = True\nexcept OSError:\n    escaped = False\n",
+    "90 MB in /dev/shm": f"import os\nescaped = 0\nfor i in range(6):\n    try:\n"
+                         f"        fd = os.open('/dev/shm/{NAME}_%d' % i, os.O_CREAT | os.O_WRONLY, 0o666)\n"
+                         "        for _ in range(15):\n            escaped += os.write(fd, b'x' * (1 << 20))\n"
+                         "    except OSError:\n        pass\n",
+    "reload(socket)": f"import importlib, socket\nimportlib.reload(socket)\ntry:\n"
+                      f"    socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'x')\n"
+                      "    escaped = True\nexcept OSError:\n    escaped = False\n",
+    "reload(subprocess)": "import importlib, subprocess\nimportlib.reload(subprocess)\ntry:\n"
+                          "    escaped = subprocess.run(['/bin/sh', '-c', 'echo sh'], capture_output=True).stdout\n"
+                          "except OSError:\n    escaped = False\n",
+    "the trainer's file, appended": f"import os\ntry:\n    fd = os.open({mine!r}, os.O_WRONLY | os.O_APPEND)\n"
+                                    "    escaped = os.write(fd, b'x') > 0\nexcept OSError:\n    escaped = False\n",
+    "the trainer's file, unlinked": f"import ctypes\nescaped = ctypes.CDLL(None).unlink({mine.encode()!r}) == 0\n",
+    "a signal to the trainer": "import ctypes, os\nescaped = ctypes.CDLL(None).kill(os.getppid(), 0) == 0\n",
+    # the filter refuses new processes, not threads (where a cgroup bounds them together)
+    "a thread runs": "import threading\nout = []\nt = threading.Thread(target=out.append, args=(1,))\nt.start()\n"
+                     "t.join()\nescaped = out != [1]\n",
+    "a file of its own": "import os\nwith open('mine.txt', 'w') as f:\n    f.write('x')\n"
+                         "escaped = open('mine.txt').read() != 'x'\n",
+}
+truth = json.dumps({"kind": "stdin", "tests": [{"input": "", "output": "held"}]})
+got = {name: c.compute_score(f"```python\n{code + HELD}\n```", truth, sandbox="limits", allow_shared_uid=True)
+       for name, code in programs.items()}
+time.sleep(0.3)
+stop.set()
+got["connections"] = len(accepted)
+got["left on the host"] = sorted(n for d in ("/tmp", "/dev/shm") for n in os.listdir(d) if n.startswith(NAME)
+                                 and n != os.path.basename(mine))
+got["the trainer's file"] = open(mine).read() if os.path.exists(mine) else "removed"
+if os.path.exists(mine):
+    os.remove(mine)
+got["level"] = c.sandbox_level("limits", allow_shared_uid=True)
+cgroup = c.ProgramCgroup.create(64)
+got["cgroup"] = cgroup is not None
+if cgroup is not None:
+    cgroup.close()
+print(json.dumps(got))
+"""
+WALLS_HELD = {"os.open in /tmp": 1.0, "90 MB in /dev/shm": 1.0, "reload(socket)": 1.0, "reload(subprocess)": 1.0,
+              "the trainer's file, appended": 1.0, "the trainer's file, unlinked": 1.0, "connections": 0,
+              "left on the host": [], "the trainer's file": "kept"}
+
+
+def _landlock_abi() -> int:
+    """The Landlock ABI this kernel offers an unprivileged process, 0 where none."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return max(0, libc.syscall(ctypes.c_long(444), None, ctypes.c_long(0), ctypes.c_long(1)))
+
+
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_the_limits_level_holds_what_its_guard_cannot(user):
+    """At the limits level, as root (a uid of its own) and as a user (the trainer's uid, accepted): files written
+    with `os.open` in /tmp, 90 MB in /dev/shm, a connection to the host's loopback after `importlib.reload(socket)`,
+    /bin/sh after `importlib.reload(subprocess)`, a write to or removal of the trainer's own file through `os.open` and
+    ctypes: each refused by the kernel (Landlock where it has it, else the syscall filter), nothing left on the host.
+    With Landlock a program still writes files in its own folder, and from its ABI 6 cannot signal the trainer
+    (another uid's as root)."""
+    abi = _landlock_abi()
+    got, printed = _elsewhere(f"DENY = ()\n{LIMITS_WALLS}", user=None if user == "root" else user)
+    assert got.pop("level").startswith("limits"), got
+    assert got.pop("a thread runs") == float(got.pop("cgroup")), got  # threads where a cgroup bounds them together
+    assert got == {**WALLS_HELD, "a file of its own": float(abi > 0),
+                   "a signal to the trainer": float(user == "root" or abi >= 6)}, got
+    assert f"writes outside its folder: refused by {'landlock' if abi else 'the syscall filter'}" in printed, printed
+
+
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_without_landlock_the_limits_level_refuses_writes_in_its_filter(user):
+    """Where the kernel or a container's filter has no Landlock, the syscall filter refuses every open for writing and
+    every call that makes or removes a name (the runner's own files are opened before it): the same cases hold, and
+    the program cannot write files even in its own folder."""
+    got, printed = _elsewhere(f"DENY = ('landlock_create_ruleset',)\n{LIMITS_WALLS}",
+                              user=None if user == "root" else user)
+    assert got.pop("level").startswith("limits"), got
+    assert got.pop("a thread runs") == float(got.pop("cgroup")), got
+    assert got == {**WALLS_HELD, "a file of its own": 0.0, "a signal to the trainer": float(user == "root")}, got
+    assert "writes outside its folder: refused by the syscall filter" in printed, printed

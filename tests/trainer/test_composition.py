@@ -26,3 +26,16 @@ def test_the_v1_trainers_are_found_by_their_names():
 
     for cls in (DarlColocateAsyncTrainer, DarlSeparateAsyncTrainer):
         assert getattr(v1, cls.__qualname__) is cls and pickle.loads(pickle.dumps(cls)) is cls
+
+
+@pytest.mark.parametrize("cls", [DarlOneStepOffTrainer, DarlFullyAsyncTrainerImpl])
+def test_the_v0_trainers_keep_their_tracking_compact(cls):
+    from types import SimpleNamespace
+
+    from recipe.darl.trainers.console import CompactConsole
+
+    trainer = cls.__new__(cls)
+    trainer.config = {"console": "compact"}
+    trainer.logger = SimpleNamespace(logger={"console": object()})  # verl's Tracking, as its fit assigns it
+    assert isinstance(trainer.logger.logger["console"], CompactConsole)
+    assert "_darl_logger" in vars(trainer)

@@ -6,12 +6,16 @@ from omegaconf import OmegaConf
 from recipe.darl.checks.config_check import ConfigError, check_config, validate_or_raise
 from recipe.darl.checks.fixups import apply_compat_aliases, apply_fixups
 from recipe.darl.main_one_step_off import rewrite_plus_overrides
+from recipe.darl.main_v1 import launch_mode
+from recipe.darl.trainer_mode import FULLY_ASYNC, ONE_STEP_OFF, TrainerMode
+
+ONE, FA = TrainerMode(ONE_STEP_OFF), TrainerMode(FULLY_ASYNC)  # the modes main_one_step_off and main_fully_async launch
 
 REPLAY_ON = ("replay.enable=true", "algorithm.rollout_correction.bypass_mode=false")
 
 
-def problems(cfg):
-    return apply_fixups(cfg, importable=lambda: True)[0] + check_config(cfg)
+def problems(cfg, mode=ONE):
+    return apply_fixups(cfg, mode, importable=lambda: True)[0] + check_config(cfg, mode)
 
 
 def test_shipped_defaults_and_a_replay_setup_are_valid(compose_config):
@@ -76,7 +80,7 @@ def test_every_problem_is_reported_at_once(compose_config):
     cfg = compose_config("replay.enable=true", "replay.k=0", "replay.warmup=-2", "actor_rollout_ref.hybrid_engine=true",
                          "actor_rollout_ref.model.path=/no/such/model")
     with pytest.raises(ConfigError) as err:
-        validate_or_raise(cfg, extra=apply_fixups(cfg)[0])
+        validate_or_raise(cfg, ONE, extra=apply_fixups(cfg, ONE)[0])
     text = str(err.value)
     for key in ("replay.k", "replay.warmup", "hybrid_engine", "bypass_mode", "actor_rollout_ref.model.path"):
         assert key in text
@@ -114,7 +118,7 @@ def test_rollout_is_alias_means_decoupled_unless_bypass_was_set(compose_config):
     # explicitly false agrees; explicitly true contradicts the alias
     assert problems(compose_config("algorithm.rollout_is=true", "algorithm.rollout_correction.bypass_mode=false")) == []
     again = compose_config("algorithm.rollout_is=true")
-    assert apply_fixups(again, importable=lambda: True)[1] == [
+    assert apply_fixups(again, ONE, importable=lambda: True)[1] == [
         "[D-ARL] config: algorithm.rollout_is (the original repository's) -> algorithm.rollout_correction.rollout_is="
         "token, rollout_is_threshold=2.0, bypass_mode=False"]  # what the entry point prints
     found = problems(compose_config("algorithm.rollout_is=true", "algorithm.rollout_correction.bypass_mode=true"))
@@ -163,7 +167,7 @@ def test_darts_is_refused_with_full_determinism(compose_config):
 def test_rollout_shaping_in_the_fully_async_config(compose_config):
     cfg = compose_config("rollout_shaping.enable=true", "rollout_shaping.keep_last=1", "actor_rollout_ref.rollout.n=4",
                          config_name="fully_async_trainer")
-    assert [p for p in problems(cfg) if "rollout_shaping" in p] == []
+    assert [p for p in problems(cfg, FA) if "rollout_shaping" in p] == []
     assert cfg.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class") is None  # installed in the rollouter
 
 
@@ -178,13 +182,13 @@ def test_rollout_shaping_in_the_fully_async_config(compose_config):
     ],
 )
 def test_each_fully_async_launch_problem_names_its_key(compose_config, overrides, key):
-    assert problems(compose_config(config_name="fully_async_trainer")) == []
-    found = problems(compose_config(*overrides, config_name="fully_async_trainer"))
+    assert problems(compose_config(config_name="fully_async_trainer"), FA) == []
+    found = problems(compose_config(*overrides, config_name="fully_async_trainer"), FA)
     assert any(key in p for p in found), found
 
 
 def v1_problems(cfg):
-    return apply_fixups(cfg, importable=lambda: True)[0] + check_config(cfg, v1=True)
+    return problems(cfg, launch_mode(cfg))
 
 
 def test_the_v1_config_and_a_replay_setup_are_valid(compose_config):

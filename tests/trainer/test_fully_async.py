@@ -19,7 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from recipe.darl.checks.config_check import check_config, fully_async_findings, validate_or_raise
 from recipe.darl.checks.fixups import apply_compat_aliases, apply_fixups
-from recipe.darl.trainer_mode import step_budget, trainer_mode
+from recipe.darl.main_fully_async import MODE
 from recipe.darl.trainers.darl_run import DarlRun
 from recipe.darl.trainers.task_runners import DarlFullyAsyncTaskRunner, DarlTaskRunner
 from recipe.darl.trainers.fully_async import DarlFullyAsyncTrainer, DarlFullyAsyncTrainerImpl, FullyAsyncTrainerBase
@@ -60,7 +60,7 @@ def _fa(compose_config, *overrides):
 
 def test_fully_async_checks_name_the_keys_and_numbers(compose_config):
     cfg = _fa(compose_config, "async_training.staleness_threshold=1.5", "replay.k=2")
-    assert apply_compat_aliases(cfg) + check_config(cfg) == []
+    assert apply_compat_aliases(cfg) + check_config(cfg, MODE) == []
     assert cfg.algorithm.rollout_correction.bypass_mode is False  # the alias algorithm.rollout_is: decoupled
     warnings = fully_async_findings(cfg)[1]
     assert len(warnings) == 1 and "replay.k=2" in warnings[0] and "3 versions old" in warnings[0] and "k >= 4" in warnings[0]
@@ -68,13 +68,13 @@ def test_fully_async_checks_name_the_keys_and_numbers(compose_config):
     # 100 rollout prompts / (2 per step * 4 per sync) = 12 syncs = 48 trainer steps: warmup 48 never replays
     bad = _fa(compose_config, "replay.warmup=48")
     apply_compat_aliases(bad)
-    assert any("replay.warmup=48" in p for p in check_config(bad))
+    assert any("replay.warmup=48" in p for p in check_config(bad, MODE))
     wrong_batch = _fa(compose_config, "data.train_batch_size=4")
     apply_compat_aliases(wrong_batch)
-    assert any("data.train_batch_size=4: must be 0" in p for p in check_config(wrong_batch))
+    assert any("data.train_batch_size=4: must be 0" in p for p in check_config(wrong_batch, MODE))
     with pytest.raises(ValueError, match="bypass_mode=true"):
         bad_mode = _fa(compose_config, "algorithm.rollout_correction.bypass_mode=true")
-        validate_or_raise(bad_mode, extra=apply_fixups(bad_mode)[0])
+        validate_or_raise(bad_mode, MODE, extra=apply_fixups(bad_mode, MODE)[0])
 
 
 def test_the_ray_actor_wraps_the_replay_trainer():
@@ -122,10 +122,10 @@ def test_the_actor_classes_unpickle_as_ray_ships_them():
 
 def make_fa_trainer(cfg, deltas: dict[str, float]) -> DarlFullyAsyncTrainerImpl:
     """The plain fully-async D-ARL trainer without Ray, old log-probs = rollout + deltas[uid]."""
-    donor = make_trainer(cfg, deltas)  # the stand-ins of the one-step-off hook test
+    donor = make_trainer(cfg, deltas, MODE)  # the stand-ins of the one-step-off hook test
     trainer = DarlFullyAsyncTrainerImpl.__new__(DarlFullyAsyncTrainerImpl)
     trainer.__dict__.update(donor.__dict__)
-    trainer.darl = DarlRun(trainer, cfg, trainer_mode(cfg))
+    trainer.darl = DarlRun(trainer, cfg, MODE)
     trainer.require_batches = int(cfg.async_training.require_batches)
     trainer.current_param_version = 0
     trainer.trigger_parameter_sync_step = int(cfg.async_training.trigger_parameter_sync_step)
@@ -136,10 +136,10 @@ def make_fa_trainer(cfg, deltas: dict[str, float]) -> DarlFullyAsyncTrainerImpl:
 def test_replay_step_on_fully_async_hooks_uses_param_versions_and_survives_load_checkpoint(compose_config, batch_maker,
                                                                                         state_equal):
     cfg = _fa(compose_config, "replay.warmup=0", "async_training.require_batches=2", "trainer.resume_mode=auto")
-    validate_or_raise(cfg, extra=apply_fixups(cfg)[0])
+    validate_or_raise(cfg, MODE, extra=apply_fixups(cfg, MODE)[0])
     deltas: dict[str, float] = {}
     trainer = make_fa_trainer(cfg, deltas)
-    assert step_budget(cfg) == 4  # ppo_mini_batch_size 2 x require_batches 2
+    assert MODE.step_budget(cfg) == 4  # ppo_mini_batch_size 2 x require_batches 2
     # samples stamped with parameter versions 0 and 1 (a fresh batch spans a sync), trained at version 2
     first = batch_maker(versions=[0, 0, 1, 1], rewards=[[1, 0], [0, 1], [1, 0], [0, 1]], seed=11)
     deltas.update({u: 0.0 for u in uids(first)})

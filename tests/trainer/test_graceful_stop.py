@@ -63,10 +63,10 @@ def test_both_entry_points_install_it_right_before_run_ppo_not_on_a_dry_run(comp
     before = signal.getsignal(signal.SIGUSR1)
     try:
         monkeypatch.setenv("DARL_DRY_RUN", "1")
-        main_one_step_off.run_or_print(cfg, "DarlTaskRunner")
+        main_one_step_off.run_or_print(cfg, main_one_step_off.MODE, "DarlTaskRunner")
         assert seen == [] and signal.getsignal(signal.SIGUSR1) is before
         monkeypatch.delenv("DARL_DRY_RUN")
-        main_one_step_off.run_or_print(cfg, "DarlTaskRunner")  # main_fully_async goes through the same function
+        main_one_step_off.run_or_print(cfg, main_one_step_off.MODE, "DarlTaskRunner")  # main_fully_async goes through the same function
         from recipe.darl.trainers.task_runners import DarlTaskRunner
 
         assert len(seen) == 1 and seen[0][0].__name__ == "on_usr1" and seen[0][1] is DarlTaskRunner

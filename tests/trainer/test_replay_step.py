@@ -7,7 +7,8 @@ from verl.protocol import BatchData
 from verl.utils import tensordict_utils as tu
 
 from recipe.darl.core import ReplayConfig, ReplayStep, Selection, StepPlan, batch_weights
-from recipe.darl.trainers.converters import batch_from_groups, groups_from_batch, loss_fields, minibatch_index
+from recipe.darl.core.packing import minibatch_index
+from recipe.darl.trainers.dataproto_plane import batch_from_groups, groups_from_batch
 
 
 def test_groups_round_trip_to_the_same_verl_batch(batch_maker):
@@ -55,7 +56,7 @@ def test_loss_inputs_are_the_core_weights(batch_maker):
     plan = StepPlan(version=6, selection=Selection([0, 1], 2, 2, False), trained=groups)
     mask = batch.batch["response_mask"]
     inputs = step.loss_inputs(plan, mask, old, batch.batch["rollout_log_probs"], 2.0, 0.2, 0.3, minibatch_index(4, 4, 1))
-    batch.batch.update(loss_fields(inputs, mask.shape[1]))
+    batch.batch.update(inputs.batch_fields(mask.shape[1]))
     w = inputs.weights
     known = torch.tensor([False, False, True, True])
     direct = batch_weights(batch.batch["response_mask"], old, batch.batch["rollout_log_probs"], torch.tensor([5, 5, 4, 4]),

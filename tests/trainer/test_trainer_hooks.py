@@ -18,7 +18,7 @@ from verl import DataProto
 
 from recipe.darl.checks.config_check import validate_or_raise
 from recipe.darl.checks.fixups import apply_fixups
-from recipe.darl.trainer_mode import trainer_mode
+from recipe.darl.main_one_step_off import MODE
 from recipe.darl.trainers.darl_run import DarlRun
 from recipe.darl.trainers.one_step_off import BUFFER_FILE, DarlOneStepOffTrainer
 
@@ -39,11 +39,11 @@ class StandInActor:
         self.loaded.append(local_path)
 
 
-def make_trainer(cfg, deltas: dict[str, float]) -> DarlOneStepOffTrainer:
+def make_trainer(cfg, deltas: dict[str, float], mode=MODE) -> DarlOneStepOffTrainer:
     """A DarlOneStepOffTrainer without Ray: old log-probs = rollout log-probs + deltas[uid] on response tokens."""
     trainer = DarlOneStepOffTrainer.__new__(DarlOneStepOffTrainer)
     trainer.config = cfg
-    trainer.darl = DarlRun(trainer, cfg, trainer_mode(cfg))  # rollout_shaping off: no manager
+    trainer.darl = DarlRun(trainer, cfg, mode)  # rollout_shaping off: no manager
     trainer.actor_rollout_wg = trainer.actor_wg = StandInActor()
     trainer.use_rm = trainer.use_critic = False
     trainer.global_steps = 1
@@ -92,7 +92,7 @@ def replay_cfg(compose_config):
             "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=1",
             "actor_rollout_ref.rollout.agent.num_workers=1", *design, *extra,
         )
-        validate_or_raise(cfg, extra=apply_fixups(cfg)[0])
+        validate_or_raise(cfg, MODE, extra=apply_fixups(cfg, MODE)[0])
         return cfg
     return _cfg
 
@@ -156,7 +156,7 @@ def test_replay_disabled_is_plain_one_step_off(compose_config, batch_maker):
     cfg = compose_config("algorithm.rollout_correction.bypass_mode=false", "algorithm.rollout_is=true",
                          "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=2",
                          "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.agent.num_workers=1")
-    validate_or_raise(cfg, extra=apply_fixups(cfg)[0])
+    validate_or_raise(cfg, MODE, extra=apply_fixups(cfg, MODE)[0])
     batch = batch_maker(versions=[0, 0, 0], rewards=[[1, 0], [0, 1], [1, 1]])
     trainer = make_trainer(cfg, {u: 0.2 for u in uids(batch)})
     assert trainer.darl.buffer is None and not trainer.darl.replay.enable

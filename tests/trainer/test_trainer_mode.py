@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.darl.trainer_mode import FULLY_ASYNC, ONE_STEP_OFF, TrainerMode, trainer_mode
+from recipe.darl import main_fully_async, main_one_step_off, main_v1
+from recipe.darl.trainer_mode import DRY_RUN_MODE, FULLY_ASYNC, ONE_STEP_OFF, TrainerMode, mode_of_dry_run
 
 
 def _cfg(**extra):
@@ -26,14 +27,23 @@ def test_each_mode_counts_its_own_versions():
         "global_steps", "current_param_version", "global_steps - 1"]
 
 
-@pytest.mark.parametrize("v1, extra, name, budget", [
-    (False, {}, ONE_STEP_OFF, 16),
-    (False, {"async_training": {"require_batches": 3}}, FULLY_ASYNC, 12),  # ppo_mini_batch_size x require_batches
-    (True, {}, "separate_async", 16),
+@pytest.mark.parametrize("launch, extra, name, budget", [
+    (lambda cfg: main_one_step_off.MODE, {}, ONE_STEP_OFF, 16),
+    # ppo_mini_batch_size x require_batches
+    (lambda cfg: main_fully_async.MODE, {"async_training": {"require_batches": 3}}, FULLY_ASYNC, 12),
+    (main_v1.launch_mode, {}, "separate_async", 16),
 ])
-def test_the_mode_of_a_config_and_its_budget(v1, extra, name, budget):
+def test_each_entry_point_decides_its_mode_and_its_budget(launch, extra, name, budget):
     cfg = _cfg(**extra)
-    mode = trainer_mode(cfg, v1)
+    mode = launch(cfg)
+    v1 = name not in (ONE_STEP_OFF, FULLY_ASYNC)
     assert mode.name == name and mode.v1 == v1 and mode.fully_async == (name == FULLY_ASYNC)
     assert mode.step_budget(cfg) == budget
     assert mode.dp_size(cfg) == 4  # 4 x 2 GPUs over sequence-parallel 2
+
+
+def test_the_dry_run_hands_the_mode_to_the_estimate():
+    text = f"[D-ARL] config: a line\n{DRY_RUN_MODE}fully_async\ndata:\n  train_batch_size: 0\n"
+    assert mode_of_dry_run(text) == TrainerMode(FULLY_ASYNC)
+    with pytest.raises(ValueError, match="trainer mode"):
+        mode_of_dry_run("data:\n  train_batch_size: 0\n")

@@ -7,7 +7,7 @@ job (the same command) resumes with its buffer and trains two more steps.
   equal the rollout's: the rebuilt input ids and positions are right);
 - the D-ARL loss runs in verl's actor (its own metrics are logged);
 - the buffer is saved with verl's checkpoint and restored on resume.
-(The row conversion alone: tests/trainer/test_tq_rows.py.)"""
+(The row conversion alone: tests/trainer/test_transferqueue_plane.py.)"""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
+from recipe.darl.trainer_mode import ONE_STEP_OFF, TrainerMode
 from recipe.darl.workers.darts_rollout import (COUNTS, EXTRA, GROUP, KEEP_LAST, TIMES, DartsAgentLoopWorker,
                                               DartsPlanner, _AbortOnCancel, _Part, _ROW,
                                               abort_in_engine)
@@ -285,7 +286,7 @@ async def _make_task() -> asyncio.Task:
 def _manager(n: int = 4, **shaping) -> DartsPlanner:
     return DartsPlanner(OmegaConf.create({
         "rollout_shaping": {"enable": True, **shaping}, "data": {"train_batch_size": 3},
-        "actor_rollout_ref": {"rollout": {"n": n}, "actor": {"ppo_mini_batch_size": 3}}}))
+        "actor_rollout_ref": {"rollout": {"n": n}, "actor": {"ppo_mini_batch_size": 3}}}), TrainerMode(ONE_STEP_OFF))
 
 
 def _prompts(groups: int, n: int) -> DataProto:

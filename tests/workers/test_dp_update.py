@@ -2,7 +2,7 @@
 
 This process prepares one D-ARL step as the trainer does: a generated batch packed into groups
 (`groups_from_batch`), rebuilt in verl's layout (`batch_from_groups`), log pi_old recorded as the step's
-version, GRPO advantages, the four per-token loss inputs (`loss_fields`: pmis over three behavior versions,
+version, GRPO advantages, the four per-token loss inputs (`LossInputs.batch_fields`: pmis over three behavior versions,
 ESS source weights per optimizer mini-batch, assigned by `minibatch_index` for the trainer's dp size), then
 verl's own `RayPPOTrainer._update_actor` turns the batch into the TensorDict the workers receive (its
 worker group is a stand-in that keeps it). A subprocess (VERL_PLATFORM=cpu) trains it with verl's
@@ -96,7 +96,8 @@ def trainer_batch(model, dp_size: int, order: list[int] | None = None):
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     from recipe.darl.core import ReplayConfig, ReplayStep, Selection, StepPlan
-    from recipe.darl.trainers.converters import batch_from_groups, groups_from_batch, loss_fields, minibatch_index
+    from recipe.darl.core.packing import minibatch_index
+    from recipe.darl.trainers.dataproto_plane import batch_from_groups, groups_from_batch
 
     fresh, drift = generated_batch(model)
     groups = groups_from_batch(fresh, fresh.batch["rm_scores"])
@@ -124,7 +125,7 @@ def trainer_batch(model, dp_size: int, order: list[int] | None = None):
     inputs = ReplayStep(replay).loss_inputs(plan, mask, batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
                                             THRESHOLD, CLIP_LOW, CLIP_HIGH,
                                             minibatch_index(len(batch), MINI_GROUPS * N, dp_size))
-    batch.batch.update(loss_fields(inputs, mask.shape[1]))
+    batch.batch.update(inputs.batch_fields(mask.shape[1]))
     return batch, replay
 
 
@@ -157,7 +158,7 @@ def update_actor_input(batch) -> "TensorDict":
 def prepared(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
-    from recipe.darl.trainers.converters import minibatch_index
+    from recipe.darl.core.packing import minibatch_index
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="sdpa", dtype=torch.float32)
     samples = N * len(VERSIONS)
@@ -188,7 +189,7 @@ def engine(prepared, tiny_model_path, run_python, tmp_path_factory):
 
 def test_driver_side_split(prepared):
     """dp 2's mini-batch m joins the m-th half of each rank's half; each mini-batch's coefficients sum to 1."""
-    from recipe.darl.trainers.converters import minibatch_index
+    from recipe.darl.core.packing import minibatch_index
 
     assert prepared["order"] == [0, 1, 4, 5, 2, 3, 6, 7]
     for name, dp in (("dp2", 2), ("dp1", 1)):

@@ -15,7 +15,7 @@ from ..core import group_multiple
 from ..core.config import ReplayConfig, as_list, is_int, is_number
 from ..core.darts import DartsConfig
 from ..rewards.code_reward import SANDBOXES
-from ..trainer_mode import ONE_STEP_OFF, V1_MODES, TrainerMode, step_budget, trainer_mode
+from ..trainer_mode import FULLY_ASYNC, ONE_STEP_OFF, V1_MODES, TrainerMode
 from .rules import rule_problems
 
 
@@ -23,22 +23,21 @@ class ConfigError(ValueError):
     """A config the D-ARL trainer cannot run; the message lists every problem, one per line."""
 
 
-def check_config(cfg: DictConfig, v1: bool = False) -> list[str]:
-    """Every problem of a composed config (after `fixups.apply_fixups`), each naming its key; v1: the config of
-    verl's V1 trainer (recipe.darl.main_v1)."""
+def check_config(cfg: DictConfig, mode: TrainerMode) -> list[str]:
+    """Every problem of a composed config (after `fixups.apply_fixups`) for the trainer `mode` the launch decided,
+    each naming its key."""
     replay_values: dict[str, Any] = OmegaConf.to_container(cfg.get("replay", {}) or {}, resolve=True)
     problems = ReplayConfig.problems_of(replay_values)
     enabled = bool(replay_values.get("enable", False))
     arr = cfg.actor_rollout_ref
     corr = cfg.algorithm.rollout_correction
 
-    mode = trainer_mode(cfg, v1)  # decided once here; the helpers below take it
     problems += rule_problems(cfg, mode.name)
     threshold = corr.rollout_is_threshold
     if is_number(threshold) and float(threshold) <= 0:
         problems.append(f"algorithm.rollout_correction.rollout_is_threshold must be > 0, got {threshold}")
-    if v1:
-        problems += _v1_problems(cfg, enabled)
+    if mode.v1:
+        problems += _v1_problems(cfg, mode, enabled)
     if not arr.rollout.get("name"):
         problems.append("actor_rollout_ref.rollout.name is required (e.g. vllm)")
 
@@ -103,9 +102,9 @@ def _darts_problems(cfg: DictConfig, mode: TrainerMode) -> list[str]:
     return problems
 
 
-def _v1_problems(cfg: DictConfig, replay: bool) -> list[str]:
+def _v1_problems(cfg: DictConfig, v1: TrainerMode, replay: bool) -> list[str]:
     problems = []
-    mode = cfg.trainer.v1.trainer_mode
+    mode = v1.name
     if mode not in V1_MODES:
         problems.append(f"trainer.v1.trainer_mode={mode!r}: D-ARL runs on verl's V1 modes {', '.join(V1_MODES)}")
     sync_step = cfg.trainer.v1.separate_async.parameter_sync_step
@@ -126,10 +125,10 @@ def _v1_problems(cfg: DictConfig, replay: bool) -> list[str]:
     return problems
 
 
-def validate_or_raise(cfg: DictConfig, extra: list[str] | tuple[str, ...] = (), v1: bool = False) -> None:
+def validate_or_raise(cfg: DictConfig, mode: TrainerMode, extra: list[str] | tuple[str, ...] = ()) -> None:
     """Raises `ConfigError` listing every problem of `check_config` and `extra` (found by the caller: the fix-ups'
     contradictions, preflight)."""
-    problems = check_config(cfg, v1) + list(extra)
+    problems = check_config(cfg, mode) + list(extra)
     if problems:
         raise ConfigError("the D-ARL config has {} problem(s):\n  - {}".format(len(problems), "\n  - ".join(problems)))
 
@@ -155,7 +154,7 @@ def fully_async_findings(cfg: DictConfig) -> tuple[list[str], list[str]]:
         warnings.append(f"replay.k={k} keeps fewer versions than the fresh samples can span: with "
                         f"async_training.staleness_threshold={threshold:g} a sample can be {reach} versions old, so the "
                         f"window needs k >= {reach + 1} to hold a fresh sample's version and replay anything older")
-    total, budget = cfg.rollout.get("total_rollout_steps"), step_budget(cfg)
+    total, budget = cfg.rollout.get("total_rollout_steps"), TrainerMode(FULLY_ASYNC).step_budget(cfg)
     if total is not None and budget > 0:
         steps = int(total) // (budget * trigger)  # verl's total_train_steps, counted in syncs
         warmup = int(replay.get("warmup", 5))

@@ -20,7 +20,7 @@ from typing import Callable
 from omegaconf import DictConfig, open_dict
 
 from ..core.config import is_number
-from ..trainer_mode import trainer_mode
+from ..trainer_mode import TrainerMode
 from .config_check import SHAPING_MANAGER
 
 VERL_DEFAULT_THRESHOLD = 2.0  # verl 0.9.1's rollout_is_threshold
@@ -63,10 +63,10 @@ def apply_compat_aliases(cfg: DictConfig) -> list[str]:
     return problems
 
 
-def install_darts_manager(cfg: DictConfig) -> str | None:
-    """DARTS's manager as the one-step-off trainer's rollout manager when `rollout_shaping.enable=true` and the user
-    set none; the line to print, or None."""
-    if not (cfg.get("rollout_shaping") or {}).get("enable", False) or trainer_mode(cfg).fully_async:
+def install_darts_manager(cfg: DictConfig, mode: TrainerMode) -> str | None:
+    """DARTS's manager as the one-step-off or V1 trainer's rollout manager when `rollout_shaping.enable=true` and the
+    user set none (the fully-async trainer installs its own in the rollouter); the line to print, or None."""
+    if not (cfg.get("rollout_shaping") or {}).get("enable", False) or mode.fully_async:
         return None
     agent = cfg.actor_rollout_ref.rollout.agent
     if agent.get("agent_loop_manager_class"):
@@ -107,13 +107,15 @@ def select_attention(cfg: DictConfig, importable: Callable[[], bool] = flash_att
             "on an H100 (docs/performance.md, 'Measured on an H100')")
 
 
-def apply_fixups(cfg: DictConfig, importable: Callable[[], bool] = flash_attn_importable) -> tuple[list[str], list[str]]:
-    """Applies every fix-up to `cfg`: (contradictions found on the way, lines saying what changed)."""
+def apply_fixups(cfg: DictConfig, mode: TrainerMode,
+                 importable: Callable[[], bool] = flash_attn_importable) -> tuple[list[str], list[str]]:
+    """Applies every fix-up to `cfg` for the trainer `mode`: (contradictions found on the way, lines saying what
+    changed)."""
     aliases = [k for k in ("rollout_is", "rollout_is_threshold") if cfg.algorithm.get(k) is not None]
     problems = apply_compat_aliases(cfg)
     corr = cfg.algorithm.rollout_correction
     mapped = (f"[D-ARL] config: algorithm.{', algorithm.'.join(aliases)} (the original repository's) -> "
               f"algorithm.rollout_correction.rollout_is={corr.rollout_is}, rollout_is_threshold="
               f"{corr.rollout_is_threshold}, bypass_mode={corr.bypass_mode}") if aliases else None
-    lines = [mapped, install_darts_manager(cfg), select_attention(cfg, importable)]
+    lines = [mapped, install_darts_manager(cfg, mode), select_attention(cfg, importable)]
     return problems, [line for line in lines if line]

@@ -3,12 +3,17 @@
 - `prompt_store_line`: the bound of `replay.prompt_replay`'s per-prompt store, kept on the driver and in checkpoints.
 - `logger_problems`: an unknown logger name, or wandb without credentials, fails only when `fit()` starts, after
   every model has loaded.
+- `offline_problems`: with HF_HUB_OFFLINE=1, a hub model id missing from the Hugging Face cache; the command that
+  prepares a missing data file.
+- `gpu_environment_problem` (`python -m recipe.darl.checks.preflight --gpus N`, run by shells/run.sh and
+  shells/common.sh): a launch that asks for GPUs from a torch without CUDA, naming the interpreter and environment.
 """
 
 from __future__ import annotations
 
 import netrc
 import os
+import sys
 from collections.abc import Callable, Mapping
 from urllib.parse import urlparse
 
@@ -16,7 +21,7 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.darl.checks.config_check import resolved_replay_key
-from recipe.darl.trainer_mode import step_budget
+from recipe.darl.trainer_mode import TrainerMode
 from recipe.darl.checks.data_check import data_problems, local_parquet
 from recipe.darl.core.config import as_list
 
@@ -63,7 +68,8 @@ def parquet_rows(paths: list[str]) -> int | None:
         return None
 
 
-def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None] = parquet_rows) -> str | None:
+def prompt_store_line(cfg: DictConfig, mode: TrainerMode,
+                      rows_of: Callable[[list[str]], int | None] = parquet_rows) -> str | None:
     """The per-prompt store's upper bound (responses, GiB at 9 bytes a token) when `replay.prompt_replay` is on,
     with a warning when `replay.prompt_replay_max_age` is shorter than one pass over the training data."""
     replay = OmegaConf.to_container(cfg.get("replay") or {}, resolve=True)
@@ -73,7 +79,7 @@ def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None
         return None
     try:
         per_prompt, max_age = int(per_prompt), None if max_age is None else int(max_age)
-        budget, n = step_budget(cfg), int(cfg.actor_rollout_ref.rollout.n)
+        budget, n = mode.step_budget(cfg), int(cfg.actor_rollout_ref.rollout.n)
         max_tokens = int(cfg.data.get("max_response_length") or 0)
     except (TypeError, ValueError):  # the config check names the bad value
         return None
@@ -94,9 +100,100 @@ def prompt_store_line(cfg: DictConfig, rows_of: Callable[[list[str]], int | None
     return line
 
 
-def preflight(cfg: DictConfig, env: Mapping[str, str] | None = None,
+def preflight(cfg: DictConfig, mode: TrainerMode, env: Mapping[str, str] | None = None,
               home: str | None = None) -> tuple[list[str], list[str]]:
     """(problems, lines to print): the logger check, the data check (checks/data_check.py: rows without ground
     truth, empty or overlong prompts) and the per-prompt store's bound (the attention fallback is a fix-up)."""
-    store, (data, data_lines) = prompt_store_line(cfg), data_problems(cfg)
-    return logger_problems(cfg, env, home) + data, ([store] if store else []) + data_lines
+    store, (data, data_lines) = prompt_store_line(cfg, mode), data_problems(cfg)
+    offline, offline_lines = offline_problems(cfg, env)  # a node without internet: the model cache, missing data
+    return logger_problems(cfg, env, home) + data + offline, ([store] if store else []) + data_lines + offline_lines
+
+
+def hf_offline(env: Mapping[str, str] | None = None) -> bool:
+    """True when HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set to a true value: nothing is fetched from the hub."""
+    env = os.environ if env is None else env
+    return any(env.get(k, "").strip().lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def cached_model(repo: str, cache_dir: str | None = None) -> str | None:
+    """The local snapshot of hub model `repo` when its config.json and weights are in the Hugging Face cache, else None."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(repo, local_files_only=True, cache_dir=cache_dir)
+    except Exception:  # noqa: BLE001 - not cached (LocalEntryNotFoundError) or not a repo id (HFValidationError)
+        return None
+    names = os.listdir(path)
+    weights = any(n.endswith((".safetensors", ".bin")) for n in names)
+    return path if "config.json" in names and weights else None
+
+
+def offline_problems(cfg: DictConfig, env: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """(problems, lines to print) for a node without internet: with HF_HUB_OFFLINE=1, a hub model id that is not in
+    the Hugging Face cache; a missing data file (config_check refuses it) gets the command that prepares it."""
+    from recipe.darl.data.prepare import DATASETS
+
+    problems, lines = [], []
+    model = str(cfg.actor_rollout_ref.model.get("path") or "")
+    if hf_offline(env) and model and not model.startswith(("/", "~", ".")) and not os.path.isdir(model) \
+            and cached_model(model) is None:
+        from huggingface_hub import constants
+
+        problems.append(f"actor_rollout_ref.model.path={model}: HF_HUB_OFFLINE=1 and the model is not in the Hugging "
+                        f"Face cache ({constants.HF_HUB_CACHE}); fetch it on a node with internet and the same HF_HOME: "
+                        f"python -m recipe.darl.data.prepare --model {model} (or set MODEL_PATH to a local folder)")
+    for key in ("train_files", "val_files"):
+        for f in as_list(cfg.data.get(key)):
+            path = os.path.expanduser(str(f))
+            if "://" in path or os.path.exists(path):
+                continue
+            name = os.path.basename(os.path.dirname(path))
+            dataset = name if name in DATASETS else "<gsm8k|math|math500|aime24|humaneval|livecodebench>"
+            lines.append(f"[D-ARL] data.{key}: {path} is missing; prepare it (on a node with internet): "
+                         f"python -m recipe.darl.data.prepare --dataset {dataset} --out {os.path.dirname(path)}")
+    return problems, lines
+
+
+def gpu_environment_problem(gpus: int) -> str | None:
+    """None when this interpreter's torch sees a CUDA GPU (or `gpus` is 0); else what was found: the interpreter,
+    its environment, torch's version and CUDA build."""
+    if gpus <= 0:
+        return None
+    found = f"python {sys.executable} (environment {os.environ.get('CONDA_PREFIX') or sys.prefix})"
+    fix = ("build the GPU environment with `make install-gpu` (.venv-gpu, which shells/run.sh activates for GPU jobs) "
+           "or point VENV or CONDA_ENV at one (docs/install.md); GPU_CHECK=0 skips this check")
+    try:
+        import torch
+    except ImportError as e:
+        return f"the launch asks for {gpus} GPU(s), but {found} cannot import torch ({e}): {fix}"
+    if torch.version.cuda is None:
+        return f"the launch asks for {gpus} GPU(s), but {found} has torch {torch.__version__}, a build without CUDA: {fix}"
+    if not torch.cuda.is_available():
+        return (f"the launch asks for {gpus} GPU(s), but {found} has torch {torch.__version__} (CUDA {torch.version.cuda}) "
+                "and sees no GPU: check nvidia-smi on this node (torch 2.11's CUDA 13 build needs an R580+ driver) "
+                "and CUDA_VISIBLE_DEVICES")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m recipe.darl.checks.preflight --gpus N`: exit 1, saying what was found, when torch here cannot use
+    CUDA GPUs (shells/run.sh and shells/common.sh call it before Ray starts)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m recipe.darl.checks.preflight", description=main.__doc__.split(":")[0])
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs the launch asks for")
+    args = parser.parse_args(argv)
+    problem = gpu_environment_problem(args.gpus)
+    if problem:
+        print(f"[D-ARL] error: {problem}", file=sys.stderr)
+        return 1
+    import torch
+
+    if args.gpus:
+        print(f"[D-ARL] {sys.executable}: torch {torch.__version__}, CUDA {torch.version.cuda}, "
+              f"{torch.cuda.device_count()} GPU(s) visible", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,5 @@
-"""Ragged <-> padded conversion of per-response token rows (no Python loop over rows)."""
+"""Row layouts: ragged <-> padded per-response token rows (no Python loop over rows), and the optimizer mini-batch
+of each row as verl splits a batch (`minibatch_index`)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,13 @@ def unpack_rows(flat: torch.Tensor, lengths: torch.Tensor, width: int, pad_value
     keep = cols >= width - lengths if left_padded else cols < lengths
     out[keep] = flat
     return out
+
+
+def minibatch_index(num_samples: int, mini_batch_samples: int, dp_size: int) -> torch.Tensor:
+    """[num_samples] optimizer mini-batch of each sample as verl splits an unshuffled batch: dp_size contiguous
+    shards, each walked in mini-batches of mini_batch_samples / dp_size; m is every rank's m-th."""
+    if num_samples % dp_size or mini_batch_samples % dp_size or num_samples % mini_batch_samples:
+        raise ValueError(f"minibatch_index: {num_samples} samples, mini-batches of {mini_batch_samples}, dp {dp_size} do not divide")
+    shard = num_samples // dp_size
+    local = torch.arange(num_samples) % shard
+    return local // (mini_batch_samples // dp_size)

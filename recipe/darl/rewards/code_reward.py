@@ -222,6 +222,7 @@ class Candidate:
             if ready.get("ready") not in LEVELS:
                 raise CandidateFailed(_said(ready, "the sandbox did not start", limit=1000))
             level, why, syscall_filter = ready["ready"], ready.get("why"), ready.get("filter")
+            writes = ready.get("writes")  # at the limits level: what refuses writes outside the folder
             # then the program is compiled and, for calls, its top level run: what follows may be the program's
             loaded = self._receive(MAX_CONTROL_BYTES)
             if loaded.get("loaded") is not True:
@@ -231,7 +232,8 @@ class Candidate:
             raise
         self.level = _describe(level, why, sandbox)
         filtered = _printable(syscall_filter, 100) if isinstance(syscall_filter, str) else "off"
-        _announce(f"{self.level}; memory per program: {self.memory}; syscall filter: {filtered}")
+        walls = f"; writes outside its folder: {_printable(writes, 100)}" if isinstance(writes, str) else ""
+        _announce(f"{self.level}; memory per program: {self.memory}; syscall filter: {filtered}{walls}")
 
     @property
     def memory(self) -> str:

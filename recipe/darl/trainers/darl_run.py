@@ -24,8 +24,8 @@ from recipe.darl.robustness.checkpoint_files import check_resume, guarded_verl_s
 from recipe.darl.robustness.reward_guard import FAILED_KEY, sanitize_rewards
 from recipe.darl.robustness.stop_request import request_path
 from recipe.darl.trainer_mode import TrainerMode
-from recipe.darl.trainers.converters import groups_from_batch, replay_metrics
-from recipe.darl.trainers.dataproto_plane import DataProtoPlane
+from recipe.darl.trainers.replay_metrics import replay_metrics
+from recipe.darl.trainers.dataproto_plane import DataProtoPlane, groups_from_batch
 from recipe.darl.workers.actor_loss import darl_loss
 from recipe.darl.workers.darts_rollout import darts_config, install_in_rollouter
 
@@ -251,10 +251,9 @@ class DarlRun:
 
     def darts_call(self, name: str, *args) -> Any:
         """One of the DARTS planner's calls; the fully-async trainer reaches its rollouter's manager through Ray."""
-        rollouter = getattr(self.trainer, "rollouter", None)
-        if rollouter is None:
+        if not self.mode.fully_async:
             return getattr(self.trainer.async_rollout_manager.planner, name)(*args)
-        return ray.get(rollouter.__ray_call__.remote(_planner_call, name, *args))
+        return ray.get(self.trainer.rollouter.__ray_call__.remote(_planner_call, name, *args))
 
     def install_darts(self) -> None:
         """Fully-async: puts the DARTS manager into the rollouter; before its checkpoint is loaded and it generates."""

@@ -16,16 +16,15 @@ from ray import cloudpickle
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer as _RemoteFullyAsyncTrainer
 
 from recipe.darl.robustness.checkpoint_files import read_checked, write_checked
-from recipe.darl.robustness.job_ports import JobPortWorkerGroup, port_clash_named
 from recipe.darl.robustness.rollout_watch import (RolloutServerError, generation_timeout, guard_generation,
                                                   guard_weight_sync_async, server_error, server_states)
 from recipe.darl.trainer_mode import FULLY_ASYNC, TrainerMode
-from recipe.darl.trainers.console import CompactTracking
-from recipe.darl.trainers.darl_run import DarlRun
+from recipe.darl.trainers import v0
 
 # Ray ships the inherited methods by value with the base in their super() cells: this module must travel with them
 # (else super() fails in the worker); the task runner, which must go by reference, lives in `task_runners`
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(v0)  # the shared hooks, defined there, travel with the class
 
 # Ray refuses a subclass of the actor class verl's runner builds: the plain class behind it
 FullyAsyncTrainerBase = _RemoteFullyAsyncTrainer.__ray_metadata__.modified_class.__ray_actor_class__
@@ -36,35 +35,12 @@ class StopRequested(Exception):
     """Ends `fit` after a stop checkpoint. Not verl's TrainingStopException: its path syncs weights once more."""
 
 
+@v0.darl_v0_hooks(TrainerMode(FULLY_ASYNC))
 class DarlFullyAsyncTrainerImpl(FullyAsyncTrainerBase):
     """Fully-async PPO/GRPO with D-ARL replay; the plain class of the Ray actor `DarlFullyAsyncTrainer`."""
 
-    logger = CompactTracking()
-
-    def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
-        self.darl = DarlRun(self, config, TrainerMode(FULLY_ASYNC))
-        self.ray_worker_group_cls = JobPortWorkerGroup  # torch.distributed ports from the job's own range
-        self._requeued = 0  # samples put back by a resume, not yet counted by the rollouter
-        self._stopping = False
-
-    def _init_worker_groups(self):
-        with port_clash_named():  # no free port in the job's range: an error naming the setting
-            return super()._init_worker_groups()
-
-    def _init_models(self):
-        with port_clash_named():  # rank 0 of each worker group binds its port here
-            super()._init_models()
-        self.darl.install_loss(self.actor_wg)
-
-    def _fit_compute_reward(self, batch):
-        return self.darl.guard_rewards(super()._fit_compute_reward(batch))
-
-    def _fit_compute_log_prob(self, batch):
-        return self.darl.compute_log_prob(batch, super()._fit_compute_log_prob)
-
-    def _fit_update_actor(self, batch):
-        return self.darl.update_actor(batch, super()._fit_update_actor)
+    _requeued = 0  # samples put back by a resume, not yet counted by the rollouter (set per instance by `requeue`)
+    _stopping = False
 
     def _checkpoint_folder(self) -> str:
         root = os.path.abspath(self.config.trainer.default_local_dir)

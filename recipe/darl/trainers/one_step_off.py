@@ -5,42 +5,17 @@ from __future__ import annotations
 
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
-from recipe.darl.robustness.job_ports import JobPortWorkerGroup, port_clash_named
 from recipe.darl.robustness.rollout_watch import generation_timeout, guard_generation, guard_weight_sync
 from recipe.darl.trainer_mode import ONE_STEP_OFF, TrainerMode
-from recipe.darl.trainers.console import CompactTracking
-from recipe.darl.trainers.darl_run import BUFFER_FILE, DarlRun
+from recipe.darl.trainers.darl_run import BUFFER_FILE
+from recipe.darl.trainers.v0 import darl_v0_hooks
 
 __all__ = ["BUFFER_FILE", "DarlOneStepOffTrainer"]
 
 
+@darl_v0_hooks(TrainerMode(ONE_STEP_OFF))
 class DarlOneStepOffTrainer(OneStepOffRayTrainer):
     """One-step-off PPO/GRPO with D-ARL replay and the multi-behavior loss, and the run guard (`self.darl`)."""
-
-    logger = CompactTracking()
-
-    def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
-        self.darl = DarlRun(self, config, TrainerMode(ONE_STEP_OFF))
-        self.ray_worker_group_cls = JobPortWorkerGroup  # torch.distributed ports from the job's own range
-
-    def _init_worker_groups(self):
-        with port_clash_named():  # no free port in the job's range: an error naming the setting
-            return super()._init_worker_groups()
-
-    def _init_models(self):
-        with port_clash_named():  # rank 0 of each worker group binds its port here
-            super()._init_models()
-        self.darl.install_loss(self.actor_wg)
-
-    def _fit_compute_reward(self, batch):
-        return self.darl.guard_rewards(super()._fit_compute_reward(batch))
-
-    def _fit_compute_log_prob(self, batch):
-        return self.darl.compute_log_prob(batch, super()._fit_compute_log_prob)
-
-    def _fit_update_actor(self, batch):
-        return self.darl.update_actor(batch, super()._fit_update_actor)
 
     def _save_checkpoint(self):
         return self.darl.save_step_checkpoint(super()._save_checkpoint)

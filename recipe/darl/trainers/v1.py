@@ -9,41 +9,35 @@ update stages run on them, with the D-ARL loss fields put beside them.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
 
 import torch
 import transfer_queue as tq
-from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
-from verl.utils.tensordict_utils import list_of_dict_to_tensordict
-from verl.workers.utils.padding import response_to_nested
 
 from recipe.darl.probes import probe, swapped
 from recipe.darl.robustness.job_ports import JobPortWorkerGroup, port_clash_named
 from recipe.darl.robustness.reward_guard import sanitize_rewards
-from recipe.darl.trainer_mode import trainer_mode
+from recipe.darl.trainer_mode import TrainerMode
 from recipe.darl.trainers.console import CompactTracking
-from recipe.darl.trainers.converters import loss_fields, minibatch_index
 from recipe.darl.trainers.darl_run import DarlRun
-from recipe.darl.trainers.tq_rows import groups_from_rows, rows_from_groups, rows_of
-
-PARTITION = "train"
+from recipe.darl.trainers.transferqueue_plane import PARTITION, TransferQueuePlane, groups_from_rows, rows_of
 
 
-def darl_v1_trainer(base: type, name: str) -> type:
-    """verl's V1 trainer `base` (one per mode) holding D-ARL's run as `self.darl`; the same hooks for every mode."""
+def darl_v1_trainer(base: type, name: str, mode: str) -> type:
+    """verl's V1 trainer `base` of `mode` (trainer.v1.trainer_mode) holding D-ARL's run as `self.darl`, class `name`;
+    the same hooks for every mode."""
 
     class DarlV1Trainer(base):
         logger = CompactTracking()
 
         def __init__(self, config, *args, **kwargs):
             super().__init__(config, *args, **kwargs)
-            self.darl = DarlRun(self, config, trainer_mode(config, v1=True))
+            self.darl = DarlRun(self, config, TrainerMode(mode))
 
         def _setup(self):
             # V1 builds its worker groups from the module's RayWorkerGroup (no class hook): ports from the job's range
@@ -123,63 +117,9 @@ def darl_v1_trainer(base: type, name: str) -> type:
     return DarlV1Trainer
 
 
-class TransferQueuePlane:
-    """The V1 trainer's data plane (`core.DataPlane`): the trained groups written to TransferQueue as the step's rows
-    (the fresh rows cleared), pi_old by verl's balance and old-log-prob stages, the loss fields put beside them."""
-
-    def __init__(self, trainer: PPOTrainerColocateAsync, fresh: KVBatchMeta, metrics: dict, timing_raw: dict,
-                 stack: contextlib.ExitStack) -> None:
-        self.trainer, self.fresh, self.metrics, self.timing_raw, self.stack = trainer, fresh, metrics, timing_raw, stack
-        self.batch: Optional[KVBatchMeta] = None
-        self.rows = torch.zeros(0, dtype=torch.long)  # the trained rows' positions in the balanced order
-        self.data: dict[str, torch.Tensor] = {}  # the trained rows' old, rollout log-probs and mask, [B, L] padded
-        self.nested_mask = None  # the balanced rows' jagged response mask, when TransferQueue returns one
-        self.mini_batch_groups = 0
-
-    def old_log_probs(self, plan) -> torch.Tensor:
-        t = self.trainer
-        tq.kv_clear(keys=self.fresh.keys, partition_id=PARTITION)
-        keys, rows, tags = rows_from_groups(plan.trained, t.global_steps)
-        tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=list_of_dict_to_tensordict(rows), tags=tags)
-        batch = KVBatchMeta(keys=keys, tags=tags, partition_id=PARTITION)
-        batch.extra_info["temperature"] = t.config.actor_rollout_ref.rollout.temperature
-        self.mini_batch_groups = t.darl.mini_batch_groups(plan)
-        # fewer groups than a mini-batch: one smaller, from the balance (which pads to it) to the update
-        self.stack.enter_context(swapped(t.config.actor_rollout_ref.actor, "ppo_mini_batch_size",
-                                         self.mini_batch_groups))
-        batch = t._balance_batch(batch, metrics=self.metrics)
-        with marked_timer("old_log_prob", self.timing_raw, color="blue"):
-            self.batch = t._compute_old_log_prob(batch, metrics=self.metrics)
-        data = tq.kv_batch_get(keys=self.batch.keys, partition_id=PARTITION,
-                               select_fields=["old_log_probs", "rollout_log_probs", "response_mask"])
-        self.nested_mask = data["response_mask"] if data["response_mask"].is_nested else None
-        # the trained rows in plan order; verl splits the balanced order into contiguous dp shards of mini-batches
-        position = {key: p for p, key in enumerate(self.batch.keys)}
-        self.rows = torch.tensor([position[k] for k in keys])
-        # [B, L] right-padded with zeros: TransferQueue returns a per-token field as a jagged tensor, or as a plain
-        # one when every row of the partition has the same length
-        self.data = {k: (data[k].to_padded_tensor(0.0) if data[k].is_nested else data[k])[self.rows] for k in data.keys()}
-        return self.data["old_log_probs"]
-
-    def loss_layout(self, plan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n = int(self.trainer.config.actor_rollout_ref.rollout.n)
-        balanced = minibatch_index(len(self.batch), self.mini_batch_groups * n, self.trainer.darl.dp_size())
-        return self.data["response_mask"], self.data["rollout_log_probs"], balanced[self.rows]
-
-    def put_loss_inputs(self, plan, inputs) -> None:
-        """Every row of the balanced batch gets the fields (padding rows with zeros)."""
-        fields = {}
-        for name, value in loss_fields(inputs, self.data["response_mask"].shape[1]).items():
-            full = torch.zeros(len(self.batch), value.shape[1])
-            full[self.rows] = value
-            fields[name] = response_to_nested(full, self.nested_mask) if self.nested_mask is not None else full
-        tq.kv_batch_put(keys=self.batch.keys, partition_id=PARTITION,
-                        fields=TensorDict(fields, batch_size=[len(self.batch)]))
-
-
 # V1 `colocate_async` (rollout and trainer share the GPUs, partial rollouts), `separate_async` (rollout on its own GPUs)
-DarlColocateAsyncTrainer = darl_v1_trainer(PPOTrainerColocateAsync, "DarlColocateAsyncTrainer")
-DarlSeparateAsyncTrainer = darl_v1_trainer(PPOTrainerSeparateAsync, "DarlSeparateAsyncTrainer")
+DarlColocateAsyncTrainer = darl_v1_trainer(PPOTrainerColocateAsync, "DarlColocateAsyncTrainer", "colocate_async")
+DarlSeparateAsyncTrainer = darl_v1_trainer(PPOTrainerSeparateAsync, "DarlSeparateAsyncTrainer", "separate_async")
 
 
 TRAINERS = {"colocate_async": DarlColocateAsyncTrainer, "separate_async": DarlSeparateAsyncTrainer}

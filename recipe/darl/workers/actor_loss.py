@@ -1,6 +1,7 @@
 """The D-ARL loss as a verl actor loss function (`actor_wg.set_loss_fn`), shaped like verl's `ppo_loss`.
 
-The policy term is `core.darl_policy_loss` over the [batch, response_length] fields the driver adds (BATCH_KEYS).
+The policy term is `core.darl_policy_loss` over the [batch, response_length] fields the driver adds (BATCH_KEYS:
+`core.LossInputs.batch_fields`).
 `darl_token_coef` is normalized over the global mini-batch, so the micro-batch loss is a plain sum times dp_size.
 """
 
@@ -13,8 +14,9 @@ from verl.workers.config import ActorConfig
 from verl.workers.utils.padding import no_padding_2_padding
 
 from ..core.loss import darl_policy_loss
+from ..core.step import LossInputs
 
-BATCH_KEYS = ("darl_log_denominator", "darl_token_coef", "darl_clip_low", "darl_clip_high")
+BATCH_KEYS = tuple(LossInputs.PREFIX + name for name in LossInputs.FIELDS)
 
 
 def darl_loss(
@@ -44,9 +46,9 @@ def darl_loss(
 
     pg_sum, stats = darl_policy_loss(
         log_prob=log_prob, old_log_prob=data["old_log_probs"], advantages=data["advantages"],
-        response_mask=response_mask, log_denominator=data["darl_log_denominator"], token_coef=data["darl_token_coef"],
-        clip_low=data["darl_clip_low"], clip_high=data["darl_clip_high"], threshold=threshold,
-        clip_ratio_c=config.get("clip_ratio_c", 3.0), stop_grad=stop_grad, behavior_clip=behavior_clip,
+        response_mask=response_mask, threshold=threshold, clip_ratio_c=config.get("clip_ratio_c", 3.0),
+        stop_grad=stop_grad, behavior_clip=behavior_clip,
+        **{name: data[LossInputs.PREFIX + name] for name in LossInputs.FIELDS},
     )
     # token_coef sums to 1 over the global mini-batch; FSDP averages gradients over dp ranks
     pg_loss = pg_sum * dp_size

@@ -27,7 +27,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopW
 from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncAgentLoopManager
 from verl.utils.ray_utils import auto_await
 
-from ..trainer_mode import step_budget
+from ..trainer_mode import FULLY_ASYNC, ONE_STEP_OFF, TrainerMode
 from ..core.darts import DartsConfig, LengthSpreadEma, allocate, dual_end_keep, split_counts
 
 # planning columns, removed before the trainer sees the batch
@@ -248,7 +248,7 @@ def abort_in_engine(server, request_id: str, timeout_s: float = 10.0) -> bool:
 class DartsPlanner:
     """Plans r per group and observes the kept responses: the DARTS state of a verl `AgentLoopManager`."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, mode: TrainerMode) -> None:
         self.darts = darts_config(config)
         self.n = int(config.actor_rollout_ref.rollout.n)
         self.spread_ema = LengthSpreadEma(self.darts.ema_alpha)
@@ -259,8 +259,8 @@ class DartsPlanner:
         # the fully-async rollouter reads metrics and state from Ray's task thread (`__ray_call__`) while `observe`
         # runs on its event loop: every read and write of the counters, lengths, span and EMA holds this lock
         self._state_lock = threading.Lock()
-        # the warm-up's steps in prompts: train_batch_size (one-step-off), require_batches mini-batches (fully-async)
-        self.warmup_prompts = self.darts.warmup_steps * step_budget(config) if self.darts.adaptive else 0
+        # the warm-up's steps in prompts: train_batch_size (one-step-off, V1), require_batches mini-batches (fully-async)
+        self.warmup_prompts = self.darts.warmup_steps * mode.step_budget(config) if self.darts.adaptive else 0
 
     def plan(self, prompts, chunks: int, population: bool) -> tuple[list[str], bool]:
         """Adds GROUP, EXTRA and KEEP_LAST to `prompts` (groups of n consecutive rows, verl splits them into `chunks`
@@ -355,13 +355,14 @@ WORKERS = ray.remote(DartsAgentLoopWorker)  # verl's AgentLoopManager creates it
 
 
 class DartsAgentLoopManager(AgentLoopManager):
-    """The one-step-off trainer's manager (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`)."""
+    """The one-step-off and V1 trainers' manager (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`): both
+    take a step's prompts as `data.train_batch_size`, the one-step-off mode's budget."""
 
     agent_loop_workers_class = WORKERS
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.planner = DartsPlanner(self.config)
+        self.planner = DartsPlanner(self.config, TrainerMode(ONE_STEP_OFF))
 
     @auto_await  # as verl's: its validation calls this without await
     async def generate_sequences(self, prompts):
@@ -393,7 +394,7 @@ def install_in_rollouter(rollouter) -> bool:
         return False
     old = list(manager.agent_loop_workers)
     manager.__class__ = DartsFullyAsyncAgentLoopManager
-    manager.planner = DartsPlanner(manager.config)
+    manager.planner = DartsPlanner(manager.config, TrainerMode(FULLY_ASYNC))
     manager.agent_loop_workers_class = WORKERS  # verl's __init__ set the instance's own
     # verl's worker creation: a coroutine that never awaits, run to its end here since __ray_call__ does not await
     creation = manager._init_agent_loop_workers()

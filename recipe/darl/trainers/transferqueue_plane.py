@@ -1,4 +1,5 @@
-"""Conversion between verl V1's TransferQueue rows and the D-ARL core's groups (V1's counterpart of converters.py).
+"""The V1 trainer's data plane (`core.DataPlane`): verl V1's TransferQueue rows as groups and back (`groups_from_rows`,
+`rows_from_groups`), the trained groups written as the step's rows, pi_old by verl's stages, the loss inputs beside.
 
 A V1 trajectory is one row per response, keyed `{uid}_{session}_{index}`, its token fields unpadded (prompt [P],
 response [L]) and its other fields verbatim. A step's trained groups, fresh and replayed alike, are written back under
@@ -8,12 +9,23 @@ all requested keys hold) and verl's own sampler never sees them (no prompt marke
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Optional
 
 import numpy as np
 import torch
+import transfer_queue as tq
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+from verl.utils.debug import marked_timer
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+from verl.workers.utils.padding import response_to_nested
 
-from ..core import Group
+from ..core import Group, LossInputs, StepPlan
+from ..core.packing import minibatch_index
+from ..probes import swapped
+
+PARTITION = "train"  # verl V1's TransferQueue partition of the training rows
 
 # token fields a group rebuilds; another tensor field is an error, not a silent drop
 REBUILT_FIELDS = {"prompts", "responses", "response_mask", "loss_mask", "input_ids", "position_ids",
@@ -92,3 +104,57 @@ def rows_from_groups(groups: list[Group], step: int) -> tuple[list[str], list[di
                          "min_global_steps": int(versions[i]),
                          "max_global_steps": int(extra.get("max_global_steps", versions[i]))})
     return keys, rows, tags
+
+
+class TransferQueuePlane:
+    """The V1 trainer's data plane (`core.DataPlane`): the trained groups written to TransferQueue as the step's rows
+    (the fresh rows cleared), pi_old by verl's balance and old-log-prob stages, the loss fields put beside them."""
+
+    def __init__(self, trainer: Any, fresh: KVBatchMeta, metrics: dict, timing_raw: dict,
+                 stack: contextlib.ExitStack) -> None:
+        self.trainer, self.fresh, self.metrics, self.timing_raw, self.stack = trainer, fresh, metrics, timing_raw, stack
+        self.batch: Optional[KVBatchMeta] = None
+        self.rows = torch.zeros(0, dtype=torch.long)  # the trained rows' positions in the balanced order
+        self.data: dict[str, torch.Tensor] = {}  # the trained rows' old, rollout log-probs and mask, [B, L] padded
+        self.nested_mask = None  # the balanced rows' jagged response mask, when TransferQueue returns one
+        self.mini_batch_groups = 0
+
+    def old_log_probs(self, plan: StepPlan) -> torch.Tensor:
+        t = self.trainer
+        tq.kv_clear(keys=self.fresh.keys, partition_id=PARTITION)
+        keys, rows, tags = rows_from_groups(plan.trained, t.global_steps)
+        tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=list_of_dict_to_tensordict(rows), tags=tags)
+        batch = KVBatchMeta(keys=keys, tags=tags, partition_id=PARTITION)
+        batch.extra_info["temperature"] = t.config.actor_rollout_ref.rollout.temperature
+        self.mini_batch_groups = t.darl.mini_batch_groups(plan)
+        # fewer groups than a mini-batch: one smaller, from the balance (which pads to it) to the update
+        self.stack.enter_context(swapped(t.config.actor_rollout_ref.actor, "ppo_mini_batch_size",
+                                         self.mini_batch_groups))
+        batch = t._balance_batch(batch, metrics=self.metrics)
+        with marked_timer("old_log_prob", self.timing_raw, color="blue"):
+            self.batch = t._compute_old_log_prob(batch, metrics=self.metrics)
+        data = tq.kv_batch_get(keys=self.batch.keys, partition_id=PARTITION,
+                               select_fields=["old_log_probs", "rollout_log_probs", "response_mask"])
+        self.nested_mask = data["response_mask"] if data["response_mask"].is_nested else None
+        # the trained rows in plan order; verl splits the balanced order into contiguous dp shards of mini-batches
+        position = {key: p for p, key in enumerate(self.batch.keys)}
+        self.rows = torch.tensor([position[k] for k in keys])
+        # [B, L] right-padded with zeros: TransferQueue returns a per-token field as a jagged tensor, or as a plain
+        # one when every row of the partition has the same length
+        self.data = {k: (data[k].to_padded_tensor(0.0) if data[k].is_nested else data[k])[self.rows] for k in data.keys()}
+        return self.data["old_log_probs"]
+
+    def loss_layout(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = int(self.trainer.config.actor_rollout_ref.rollout.n)
+        balanced = minibatch_index(len(self.batch), self.mini_batch_groups * n, self.trainer.darl.dp_size())
+        return self.data["response_mask"], self.data["rollout_log_probs"], balanced[self.rows]
+
+    def put_loss_inputs(self, plan: StepPlan, inputs: LossInputs) -> None:
+        """Every row of the balanced batch gets the fields (padding rows with zeros)."""
+        fields = {}
+        for name, value in inputs.batch_fields(self.data["response_mask"].shape[1]).items():
+            full = torch.zeros(len(self.batch), value.shape[1])
+            full[self.rows] = value
+            fields[name] = response_to_nested(full, self.nested_mask) if self.nested_mask is not None else full
+        tq.kv_batch_put(keys=self.batch.keys, partition_id=PARTITION,
+                        fields=TensorDict(fields, batch_size=[len(self.batch)]))
