@@ -18,6 +18,13 @@ PY="${PYTHON:-python}"
 here="$(dirname "${BASH_SOURCE[0]}")"
 consts() { "$PY" -c "from benchmarks.staleness import protocol as p; print(' '.join(map(str, p.$1)))"; }
 
+# a held-out run counts only from a clean commit (provenance.same_origin): run the study from a checkout with no
+# uncommitted edits, e.g. `git worktree add ../study HEAD`
+if [[ "$STAGE" == *heldout ]] && [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+    echo "STAGE=$STAGE runs from a tree with uncommitted edits: its runs would not count (docs/evidence/protocol.md);" \
+        "commit them, or run from a clean checkout (git worktree add ../study HEAD)" >&2
+    exit 1
+fi
 # runs archived in the repository count as done: a study on a new machine resumes where the last one stopped
 "$PY" -m benchmarks.staleness.protocol restore "${ARCHIVE:-docs/evidence/protocol}" "$OUT"
 PYTHON="$PY" JOBS="$JOBS" TASK="$TASK" bash "$here/validate.sh" "$OUT/validation"
