@@ -78,7 +78,8 @@ demo: $(STAMP)
 	ROLLOUT=$${ROLLOUT:-vllm} $(PY) -m benchmarks.demo
 
 # run.sh on a real Slurm: a one-node cluster on this host (root; installs Debian's slurm-wlm and munge), a job that
-# trains, and a job stopped by its time limit's signal and requeued (tests/cluster/slurm_check.sh; not in make test)
+# trains, its checkpoint's evaluation (shells/eval.sh), and a job stopped by its time limit's signal and requeued
+# (tests/cluster/slurm_check.sh; not in make test)
 slurm-check: $(STAMP)
 	PYTHON=$(abspath $(PY)) bash tests/cluster/slurm_check.sh
 

@@ -29,7 +29,11 @@ fi
 args=(--data-dir "${DATA_DIR:-$HOME/data}" --tensor-parallel-size "${EVAL_GPUS:-1}")
 if [[ -z "$out" ]]; then
     name="$(basename "${model%/}")"
-    [[ "$name" == global_step_* ]] && name="$(basename "$(dirname "${model%/}")")_$name"
+    if [[ "$name" == global_step_* ]]; then  # the experiment's folder (the CPU scripts save under <experiment>/checkpoints)
+        parent="$(dirname "${model%/}")"
+        [[ "$(basename "$parent")" == checkpoints ]] && parent="$(dirname "$parent")"
+        name="$(basename "$parent")_$name"
+    fi
     args+=(--out "$LOG_DIR/eval/$name${SLURM_JOB_ID:+-$SLURM_JOB_ID}")
 fi
 cmd=("$PYTHON" -m recipe.darl.eval "${args[@]}" "$@")  # the command line's flags come last and win

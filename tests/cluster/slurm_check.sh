@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # run.sh on a real Slurm: a one-node cluster on this host (Debian's slurm-wlm and munge; slurmctld and slurmd as
 # root, proctrack/linuxproc, task/none, one partition), then `bash shells/run.sh <a CPU launch script>`: the job trains
-# under sbatch with Ray started by srun; a short time limit's signal saves at a step boundary; the requeued job resumes
-# from that checkpoint with the buffer. `make slurm-check` (root; installs the packages when missing; not in make test).
+# under sbatch with Ray started by srun; `bash shells/run.sh shells/eval.sh` evaluates its checkpoint as a job (a few
+# packaged AIME24 problems, results in $LOG_DIR/eval/); a short time limit's signal saves at a step boundary; the
+# requeued job resumes from that checkpoint with the buffer. `make slurm-check` (root; installs the packages when
+# missing; not in make test).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="${WORK:-/tmp/darl-slurm-check}"
@@ -86,7 +88,22 @@ raylets="$(pgrep -c -f 'ray/core/src/ray/raylet/raylet' || true)"
 log "job $id stopped its own Ray and left the bystander's running"
 "$RAY" stop --force > /dev/null 2>&1 || true
 
-log "2. a time limit's signal saves at a step boundary; the requeued job resumes with the buffer"
+log "2. the run's checkpoint is evaluated as a job (shells/eval.sh, no Ray), results beside the training logs"
+ckpt="$WORK/train/checkpoints/global_step_4"
+[[ -f "$ckpt/actor/fsdp_config.json" ]] || fail "no checkpoint $ckpt"
+"$PY" -m recipe.darl.data.prepare --dataset aime24 --out "$WORK/data/aime24" --offline > /dev/null  # from the wheel
+id="$(DATA_DIR="$WORK/data" SBATCH_ARGS="--gpus-per-node=0 --cpus-per-task=$CPUS --mem=8G --job-name=darleval --time=00:10:00" \
+    bash "$ROOT/shells/run.sh" shells/eval.sh --model "$ckpt" --benchmarks aime24 --limit 2 --k 2 --max-new-tokens 16 \
+    | sed -n 's/^Submitted batch job //p')"
+wait_done "$id" 600 || fail "job $id"
+[[ "$(scontrol show job "$id")" == *JobState=COMPLETED* ]] || fail "job $id did not complete: $LOG_DIR/darleval-$id.out"
+out="$LOG_DIR/eval/train_global_step_4-$id"  # <experiment folder>_global_step_N
+for f in results.md results.csv results.json generations.jsonl; do [[ -s "$out/$f" ]] || fail "no $out/$f"; done
+grep -q '"kind": "verl-fsdp"' "$out/results.json" || fail "the checkpoint was not merged: $out/results.json"
+grep -q "| AIME24 | 2 |" "$out/results.md" || fail "no AIME24 row of 2 problems in $out/results.md"
+log "job $id evaluated $ckpt into $out: $(grep '| AIME24 |' "$out/results.md")"
+
+log "3. a time limit's signal saves at a step boundary; the requeued job resumes with the buffer"
 rm -rf "$WORK/requeue"
 id="$(submit darlreq "--time=00:03:00 --signal=B:USR1@60" OUT_DIR="$WORK/requeue" STEPS=30 SAVE_FREQ=1000 STOP_WAIT_S=50)"
 first="$LOG_DIR/darlreq-$id-restart0.log" second="$LOG_DIR/darlreq-$id-restart1.log"

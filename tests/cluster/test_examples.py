@@ -219,6 +219,9 @@ def test_eval_sh_writes_its_results_where_the_training_logs_go(tmp_path):
     assert words[1:3] == ["-m", "recipe.darl.eval"] and words[-4:] == ["--model", str(ckpt), "--benchmarks", "gsm8k"]
     assert _value_flag(words, "--out") == str(tmp_path / "logs" / "eval" / f"{ckpt.parent.name}_global_step_100-42")
     assert _value_flag(words, "--tensor-parallel-size") == "2" and _value_flag(words, "--data-dir") == env["DATA_DIR"]
+    cpu_ckpt = tmp_path / "outputs" / "one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg" / "checkpoints" / "global_step_8"
+    assert _value_flag(command("--model", str(cpu_ckpt)), "--out").endswith(  # the CPU scripts' <experiment>/checkpoints
+        "/eval/one_step_off_grpo_tiny_arith_cpu_replay_4_pmis_sg_global_step_8-42")
     assert "--out" not in command("--model=Qwen/Qwen3-1.7B", "--out", "/x")[:-2]  # the caller's --out only
     assert _value_flag(command("--model=Qwen/Qwen3-1.7B"), "--out").endswith("/logs/eval/Qwen3-1.7B-42")
     assert subprocess.run(["bash", str(SHELLS / "eval.sh")], env=env, capture_output=True).returncode == 2
