@@ -229,3 +229,27 @@ def test_eval_sh_writes_its_results_where_the_training_logs_go(tmp_path):
 
 def _value_flag(words: list[str], flag: str) -> str:
     return words[words.index(flag) + 1]
+
+
+# the one documented line that must be refused (docs/cluster.md, "GPU check"): the 4B script's 2 + 2 GPUs on nodes of 2
+REFUSED = 'SBATCH_ARGS="--gpus-per-node=2" bash shells/run.sh shells/one_step_off_grpo_4b_math_fsdp2_2_2_replay_4_pmis_sg.sh'
+
+
+def _documented_run_sh_lines() -> list[str]:
+    """Every `bash shells/run.sh ...` command line of README and docs/ (trailing comment and a DRY_RUN=1 prefix off)."""
+    lines = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for line in page.read_text().splitlines():
+            if re.match(r"^([A-Z_]+=\S+ )*bash shells/run\.sh ", line):
+                lines.append(re.sub(r"^DRY_RUN=1 ", "", line.split("   #")[0].rstrip()))
+    return lines
+
+
+def test_every_run_sh_line_of_the_docs_is_a_tested_example(tmp_path):
+    lines = _documented_run_sh_lines()
+    assert len(lines) >= 5 and REFUSED in lines
+    assert [line for line in lines if line != REFUSED and line not in EXAMPLES] == []
+    env_vars, words = _parse(REFUSED)
+    env = dict(base_env(tmp_path), **env_vars, DRY_RUN="1", VENV="none", LOG_DIR=str(tmp_path / "logs"))
+    p = subprocess.run(words, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "needs 4 GPUs" in p.stderr, p.stderr[-2000:]
