@@ -121,7 +121,8 @@ def archive(stage: Path, dest: Path) -> list[Path]:
         if (stage / folder(t)).exists():
             runs = [r for r in pipeline_report.load_runs(stage / folder(t))
                     if any(x.get("step") == STEPS for x in r["records"])]
-            written.append(pipeline_report.archive(runs, dest / folder(t)))
+            if runs:  # a threshold whose first launch is still running has nothing to keep yet
+                written.append(pipeline_report.archive(runs, dest / folder(t)))
     return written
 
 
