@@ -110,13 +110,10 @@ def test_one_command_prepares_the_datasets_and_fetches_the_models(tmp_path, monk
 
 def test_run_sh_passes_hf_hub_offline_to_the_launch(tmp_path):
     """sbatch --export=ALL carries HF_HUB_OFFLINE into the job; run.sh hands it on to the launch script."""
-    from test_run_sh import STUBS
+    from test_run_sh import write_stubs
 
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, body in STUBS.items():
-        (bin_dir / name).write_text(body)
-        (bin_dir / name).chmod(0o755)
+    write_stubs(bin_dir)
     script = tmp_path / "record.sh"
     script.write_text('echo "HF_HUB_OFFLINE=${HF_HUB_OFFLINE-unset} HF_HOME=${HF_HOME-unset}"\n')
     env = {k: v for k, v in os.environ.items() if k not in ("DRY_RUN", "TRAINER_GPUS", "ROLLOUT_GPUS")}

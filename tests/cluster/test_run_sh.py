@@ -29,14 +29,19 @@ STUBS = {
 }
 
 
-@pytest.fixture
-def slurm(tmp_path):
-    """Stub commands first on PATH, a fake job's environment, and a launch script that records what it got."""
-    bin_dir = tmp_path / "bin"
+def write_stubs(bin_dir):
+    """The STUBS as executables in `bin_dir` (made here), to put first on PATH."""
     bin_dir.mkdir()
     for name, body in STUBS.items():
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
+
+
+@pytest.fixture
+def slurm(tmp_path):
+    """Stub commands first on PATH, a fake job's environment, and a launch script that records what it got."""
+    bin_dir = tmp_path / "bin"
+    write_stubs(bin_dir)
     script = tmp_path / "record.sh"
     script.write_text('echo "ARGS: $*"\necho "RAY_ADDRESS=$RAY_ADDRESS PYTHONPATH=$PYTHONPATH NCCL_DEBUG=$NCCL_DEBUG"\n'
                       'echo "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS-unset} DARL_PORT_RANGE=$DARL_PORT_RANGE"\n'
