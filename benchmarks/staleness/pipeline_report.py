@@ -3,7 +3,7 @@
     python -m benchmarks.staleness.pipeline_report runs/pipeline-scarce                 # summary into the run folder
     python -m benchmarks.staleness.pipeline_report runs/pipeline-scarce --archive docs/evidence/pipeline_scarce
     python -m benchmarks.staleness.pipeline_report docs/evidence/pipeline_scarce/results.jsonl.gz \\
-        --out docs/evidence/pipeline_scarce                                             # again from the raw results
+        --out runs/report/pipeline_scarce                                               # again from the raw results
     python -m benchmarks.staleness.pipeline_report docs/evidence/pipeline_scarce/results.jsonl.gz runs/pipeline-sync \\
         --archive docs/evidence/pipeline_scarce                                         # add a later study's runs
     python -m benchmarks.staleness.pipeline_report docs/evidence/pipeline_scarce/results.jsonl.gz \\
@@ -13,8 +13,10 @@ A source is a run folder (TRAINER/seedS/CONFIG/metrics.jsonl, verl's file logger
 `results.jsonl.gz` that `--archive` writes (several sources are merged; a run of a later source replaces one with
 the same trainer, config and seed): one line per run, {"trainer", "config", "seed", "records": [verl's
 logged steps, trimmed to the keys in KEEP], "launches": [each launch's provenance and versions], "provenance" (the
-first launch's), "resolved_config"} (the last three where the run recorded its launches). A pair counts as side by
-side when both runs ran every launch from one clean commit on one machine. The report (summary.md, accuracy_vs_{samples,wall}_TRAINER.png):
+first launch's), "resolved_config"} (the last three where the run recorded its launches); an archive holds runs,
+never their report. A pair counts as side by side when both runs ran every launch from one clean commit on one
+machine. The report (printed, and written as summary.md and accuracy_vs_{samples,wall}_TRAINER.png into --out or the
+first run folder; an archive alone is printed):
 per trainer, greedy validation accuracy per seed, mean ± std, the paired difference to each configuration of
 `--versus` (decoupled PPO and `gates_only` unless told; mean and 95% interval over paired seeds), generated samples
 to reach the same seed's decoupled final accuracy, and the median step time over the second half of the run against
@@ -155,7 +157,7 @@ def _side_by_side(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]]) ->
 VERSUS = ("decoupled", "gates_only")  # the paired comparisons of every row, unless told others
 
 
-def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128, versus: tuple[str, ...] = VERSUS) -> str:
+def report(runs: list[dict[str, Any]], out: Path | None, samples_per_step: int = 128, versus: tuple[str, ...] = VERSUS) -> str:
     results = [as_result(r, samples_per_step) for r in runs]
     # a run still going (or cut short) has not reached the study's last evaluation: left out, and named
     last = max((r["evals"][-1]["step"] for r in results if r["evals"]), default=0)
@@ -207,10 +209,12 @@ def report(runs: list[dict[str, Any]], out: Path, samples_per_step: int = 128, v
         lines += ["", f"Start accuracy (step 0): {', '.join(f'{s:.3f}' for s in starts)}. "
                   f"Collapses (an evaluation 0.15 below an earlier best): "
                   + ", ".join(f"{c} {n}" for c, n in collapses.items()) + ".", ""]
-        _plot(trainer, {c: list(cell[c].values()) for c in configs}, out)
+        if out is not None:
+            _plot(trainer, {c: list(cell[c].values()) for c in configs}, out)
     text = "\n".join(lines)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.md").write_text(text + "\n")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.md").write_text(text + "\n")
     return text
 
 
@@ -271,8 +275,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("source", type=Path, nargs="+",
                    help="pipeline_check.sh output folders or results.jsonl.gz archives (merged; later ones win)")
-    p.add_argument("--out", type=Path, help="where summary.md and the figures go [the source folder, or the archive's]")
-    p.add_argument("--archive", type=Path, help="also write the runs as ARCHIVE/results.jsonl.gz (and the report there)")
+    p.add_argument("--out", type=Path, help="where summary.md and the figures go [the first source, if a run folder]")
+    p.add_argument("--archive", type=Path, help="also write the runs as ARCHIVE/results.jsonl.gz")
     p.add_argument("--samples-per-step", type=int, default=128,
                    help="generated samples a step for runs without a launch record (others: their resolved config)")
     p.add_argument("--versus", nargs="+", default=list(VERSUS), help="configurations every row is compared with")
@@ -285,7 +289,7 @@ def main(argv=None) -> int:
     if args.archive:
         print(f"archived {len(runs)} runs: {archive(runs, args.archive)}")
     first = args.source[0]
-    out = args.out or args.archive or (first if first.is_dir() else first.parent)
+    out = args.out or (first if first.is_dir() else None)
     print(report(runs, out, args.samples_per_step, tuple(args.versus)))
     return 0
 

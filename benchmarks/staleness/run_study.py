@@ -4,6 +4,8 @@
         --staleness 4 --methods decoupled darl --seeds 0 1 2 --steps 50 --eval-every 10 --val-size 500 --minibatches 2
     python -m benchmarks.staleness.run_study --quick --out runs/staleness-quick     # minutes
     python -m benchmarks.staleness.run_study --report-only --out runs/staleness     # plots and tables again
+    python -m benchmarks.staleness.run_study --report-only --results docs/evidence/stress/results.jsonl.gz \
+        --out runs/report/stress                                                     # an archived study's report
 
 Each run appends one JSON line to OUT/results.jsonl (its config, evaluation curve, per-step metrics, and its
 provenance: commit, dirty tree, host, CPU, cores, dates, command line);
@@ -79,8 +81,8 @@ def planned_runs(methods: list[str], stalenesses: list[int], seeds: list[int], c
 
 def load_results(path: Path) -> list[dict[str, Any]]:
     """The runs in OUT/results.jsonl, or in OUT/results.jsonl.gz (how docs/evidence keeps them)."""
-    packed = path.with_name(path.name + ".gz")
-    if path.exists():
+    packed = path if path.suffix == ".gz" else path.with_name(path.name + ".gz")
+    if path.exists() and path != packed:
         text = path.read_text()
     elif packed.exists():
         text = gzip.decompress(packed.read_bytes()).decode()
@@ -311,6 +313,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="runs side by side, one thread each")
     p.add_argument("--quick", action="store_true", help="1 seed, s in {1, 4}, 40 steps, val 200: minutes")
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--results", type=Path, help="with --report-only: report these runs (a results.jsonl[.gz], "
+                   "e.g. an archive under docs/evidence) instead of OUT's")
     args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.eval_every, args.val_size = [0], 40, 10, 200
@@ -359,7 +363,11 @@ def main(argv=None) -> int:
                 result = run_one(spec)
                 result["common"] = common
                 save(result)
-    results = [r for r in load_results(results_file)]
+    if args.results and not args.report_only:
+        raise SystemExit("--results reports an archive and runs nothing: give it with --report-only")
+    results = load_results(args.results or results_file)
+    if args.results and not results:
+        raise SystemExit(f"--results {args.results}: no runs there")
     print(report(results, args.out))
     return 0
 

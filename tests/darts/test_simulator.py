@@ -74,8 +74,8 @@ def test_the_adaptive_setting_sees_only_earlier_draws_of_the_same_prompts():
 
 
 def test_the_cpu_validation_scores_fitted_and_unfitted_cells_apart():
-    """docs/evidence/darts/simulator/validate_cpu.md is what `--validate` gives on the archived benchmark; the base
-    cells it is fitted on are the in-sample ones, every other cell is scored out of sample."""
+    """`--validate` on the archived CPU benchmark: the base cells it is fitted on are the in-sample ones, every other
+    cell is scored out of sample (docs/darts.md quotes the summary; tests/test_figure_scripts.py holds it there)."""
     import json
     from pathlib import Path
 
@@ -83,7 +83,6 @@ def test_the_cpu_validation_scores_fitted_and_unfitted_cells_apart():
 
     root = Path(__file__).resolve().parents[2] / "docs" / "evidence" / "darts"
     table = validate(json.loads((root / "rollout_cpu.json").read_text()))
-    assert table.strip() == (root / "simulator" / "validate_cpu.md").read_text().strip()
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and " s |" not in line
             and not line.startswith("|---")]
     assert {(r[1], r[2]) for r in rows if r[2] == "in"} == {("base", "in")}
