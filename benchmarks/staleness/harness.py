@@ -1,4 +1,4 @@
-"""Controlled-staleness testbed for D-ARL: GRPO on the built-in arithmetic task in one process.
+"""Controlled-staleness testbed for D-ARL: GRPO on a built-in example task (sums, or chains) in one process.
 
 Rollouts of step t are sampled from the policy weights of version max(0, t - s) (the weights after
 t - s updates), kept as state-dict snapshots, so the behavior/policy mismatch is real and its size
@@ -54,6 +54,21 @@ import torch
 from recipe.darl.core import ClipSettings, Group, LossInputs, ReplayConfig, ReplayStep, StepPlan, sample_chi2
 
 METHODS = ("naive", "decoupled", "icepop", "darl")
+TASKS = ("arithmetic", "scarce", "chains")
+
+
+def example_settings(task: str):
+    """The built-in example a task trains: the chains example for `chains`, the arithmetic one otherwise."""
+    from recipe.darl.example.build import SETTINGS
+
+    return SETTINGS["chains" if task == "chains" else "arithmetic"]
+
+
+def task_module(task: str):
+    """The module that writes a task's prompts and answers (`prompt_text`, `answer`)."""
+    from recipe.darl.example import arithmetic, chains
+
+    return chains if task == "chains" else arithmetic
 
 
 @dataclass
@@ -67,7 +82,7 @@ class HarnessConfig:
     prompts_per_step: int = 32
     n: int = 8
     temperature: float = 1.0
-    max_response_tokens: int = 32
+    max_response_tokens: Optional[int] = None  # None: the task's example's (32 tokens; chains 64)
     lr: float = 1e-4
     grad_clip: float = 1.0  # verl's actor.grad_clip
     clip_low: float = 0.2
@@ -97,7 +112,9 @@ class HarnessConfig:
     stop_grad: bool = True
     # data and evaluation
     reward: str = "arithmetic"  # arithmetic (verifier) or digits (dense: share of digits, for tests)
-    task: str = "arithmetic"  # arithmetic: fresh 2-3 digit sums; scarce: a fixed pool of hard sums, revisited
+    # arithmetic: fresh 2-3 digit sums; scarce: a fixed pool of hard sums, revisited; chains: fresh chains of four
+    # terms worked line by line, on the chains example's own 2.3M-parameter model (recipe/darl/example/chains.py)
+    task: str = "arithmetic"
     pool_size: int = 256  # the scarce task's prompt pool
     # replay.prompt_replay: responses kept per prompt (per-prompt replay); False: off. Off here unless a configuration
     # sets it (run_study's `darl` sets 16, as the trainers' preset resolves it)
@@ -116,8 +133,10 @@ class HarnessConfig:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
         if self.reward not in ("arithmetic", "digits"):
             raise ValueError(f"reward must be 'arithmetic' or 'digits', got {self.reward!r}")
-        if self.task not in ("arithmetic", "scarce"):
-            raise ValueError(f"task must be 'arithmetic' or 'scarce', got {self.task!r}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.max_response_tokens is None:
+            self.max_response_tokens = example_settings(self.task).max_response_tokens
         if self.prompts_per_step % self.minibatches:
             raise ValueError("prompts_per_step must divide by minibatches")
         if self.epochs < 1:
@@ -186,13 +205,17 @@ def preset_overrides(name: str) -> dict[str, Any]:
 
 # ---- data ------------------------------------------------------------------------------------
 
-def split_problems(config: HarnessConfig) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def split_problems(config: HarnessConfig) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
     """(train, val). Task "arithmetic": the example's RL-train problems, and `val_size` problems outside
     every set the example used (warm-start, train, val), so validation is held out from all training.
     Task "scarce": a fixed pool of `pool_size` hard problems revisited for epochs, and `val_size` held-out
-    hard problems (`recipe.darl.example.build.problem_splits`)."""
-    from recipe.darl.example.build import problem_splits
+    hard problems (`recipe.darl.example.build.problem_splits`). Task "chains": the chains example's 2,048 RL-train
+    chains, read once in a 50-step run of 32 prompts, and `val_size` chains outside its every set (`chain_splits`)."""
+    from recipe.darl.example.build import chain_splits, problem_splits
 
+    if config.task == "chains":
+        splits = chain_splits(example_settings("chains"), val_size=config.val_size)
+        return splits["train"], splits["heldout"]
     splits = problem_splits(val_size=config.val_size, scarce_pool=config.pool_size)
     if config.task == "scarce":
         return splits["scarce_train"], splits["scarce_val"]
@@ -235,7 +258,7 @@ class Harness:
         model_dir = config.model_dir
         if model_dir is None:
             from recipe.darl.example.build import build_example
-            model_dir = build_example(log=log).model
+            model_dir = build_example(settings=example_settings(config.task), log=log).model
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         torch.manual_seed(config.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -246,11 +269,12 @@ class Harness:
         self.pad_id = self.tokenizer.pad_token_id
         self.eos_id = self.tokenizer.eos_token_id
 
+        self.task = task_module(config.task)
         self.train_problems, self.val_problems = split_problems(config)
         order = list(range(len(self.train_problems)))
         random.Random(config.seed).shuffle(order)
         self.order, self.cursor = order, 0
-        self.prompt_cache: dict[tuple[int, int], list[int]] = {}
+        self.prompt_cache: dict[tuple[int, ...], list[int]] = {}
 
         self.version = 0  # weights version: updates done so far
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {0: self._state()}
@@ -265,25 +289,25 @@ class Harness:
     def _state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
-    def _prompt_ids(self, problem: tuple[int, int]) -> list[int]:
+    def _prompt_ids(self, problem: tuple[int, ...]) -> list[int]:
         if problem not in self.prompt_cache:
             from recipe.darl.example.warm_start import encode_prompts
-            self.prompt_cache[problem] = encode_prompts(self.tokenizer, [problem])[0]
+            self.prompt_cache[problem] = encode_prompts(self.tokenizer, [problem], self.task)[0]
         return self.prompt_cache[problem]
 
-    def _next_problems(self) -> list[tuple[int, int]]:
+    def _next_problems(self) -> list[tuple[int, ...]]:
         out = []
         for _ in range(self.config.prompts_per_step):
             out.append(self.train_problems[self.order[self.cursor % len(self.order)]])
             self.cursor += 1
         return out
 
-    def _score(self, text: str, problem: tuple[int, int]) -> float:
+    def _score(self, text: str, problem: tuple[int, ...]) -> float:
         if self.config.reward == "digits":  # dense test reward: the long-tail example's share of digit characters
             from recipe.darl.example.longtail import compute_score as digit_share
             return digit_share("", text, "")
-        from recipe.darl.example.arithmetic import DATA_SOURCE, compute_score
-        return compute_score(DATA_SOURCE, text, str(problem[0] + problem[1]))
+        from recipe.darl.example.arithmetic import compute_score
+        return compute_score(self.task.DATA_SOURCE, text, str(self.task.answer(*problem)))
 
     def token_log_probs(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
                         response_attention: torch.Tensor) -> torch.Tensor:
@@ -336,7 +360,8 @@ class Harness:
                 uid=f"s{step}-g{g}", version=version, prompt_ids=prompts[g * cfg.n],
                 prompt_length=len(prompt_lists[g]), responses=responses[rows], response_lengths=first[rows],
                 response_mask=attention_r[rows], rollout_log_probs=rollout_lp[rows], rewards=rewards[rows],
-                non_tensors={"problem": np.array([f"{problem[0]}+{problem[1]}"] * cfg.n, dtype=object)}))
+                non_tensors={"problem": np.array(["+".join(map(str, problem)).replace("+-", "-")] * cfg.n,
+                                                 dtype=object)}))
         self.samples += len(texts)
         return groups, {"reward_mean": float(rewards.mean()), "response_length": float(first.float().mean()),
                         "fresh_version": float(version)}
@@ -497,7 +522,8 @@ class Harness:
 
         t0 = time.perf_counter()
         acc = greedy_accuracy(self.model, self.tokenizer, self.val_problems,
-                              max_new_tokens=self.config.max_response_tokens, batch_size=self.config.eval_batch_size)
+                              max_new_tokens=self.config.max_response_tokens, batch_size=self.config.eval_batch_size,
+                              task=self.task)
         point = {"step": self.version, "samples": self.samples, "wall": self.wall, "accuracy": acc,
                  "eval_s": time.perf_counter() - t0}
         self.evals.append(point)

@@ -35,6 +35,13 @@ STEPS="${STEPS:-30}"
 export TASK="${TASK:-arithmetic}"
 failed=()
 before=(replay.source_weight=ess actor_rollout_ref.actor.ppo_epochs=1)
+commit=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
+# every launch's start, finish or failure in OUT/attempts.jsonl (benchmarks/staleness/attempts.py): a failed or
+# interrupted launch leaves a trace after its folder is cleared for the retry
+attempt() {
+    printf '{"event": "%s", "trainer": "%s", "config": "%s", "seed": %s, "host": "%s", "commit": "%s", "time": "%s"}\n' \
+        "$1" "$trainer" "$cfg" "$seed" "$(hostname)" "$commit" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >> "$OUT/attempts.jsonl"
+}
 for seed in $SEEDS; do
     for trainer in $TRAINERS; do
         for cfg in $CONFIGS; do
@@ -71,10 +78,13 @@ for seed in $SEEDS; do
             rm -rf "${dir:?}/$cfg"
             mkdir -p "$dir"
             start=$(date +%s)
+            attempt started
             env "${envs[@]}" OUT_DIR="$dir/$cfg" STEPS="$STEPS" TEST_FREQ="${TEST_FREQ:-10}" SAVE_FREQ=1000 RESUME_MODE=disable \
                 bash "$ROOT/shells/cpu/${trainer}_grpo_tiny_arith_cpu_replay_4_${script}.sh" \
                 actor_rollout_ref.rollout.seed=$((42 + seed)) data.seed=$seed "${extra[@]}" \
-                > "$dir/$cfg.log" 2>&1 || { echo "$trainer $cfg seed $seed failed: $dir/$cfg.log"; failed+=("$dir/$cfg.log"); continue; }
+                > "$dir/$cfg.log" 2>&1 || {
+                    attempt failed; echo "$trainer $cfg seed $seed failed: $dir/$cfg.log"; failed+=("$dir/$cfg.log"); continue; }
+            attempt finished
             echo "$trainer $cfg seed $seed done in $(( $(date +%s) - start )) s: $dir/$cfg/metrics.jsonl"
         done
     done

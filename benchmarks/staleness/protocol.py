@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
+from benchmarks.staleness import attempts
 from benchmarks.staleness.paired import detectable_effect, holm, mean_std, paired, seeds_for_power
 from benchmarks.staleness.provenance import same_origin
 from benchmarks.staleness.run_study import METHODS, load_results, run_key
@@ -57,7 +58,7 @@ REPLAY_HELDOUT_SEEDS = (
 )
 
 
-def _finals(results: Iterable[dict[str, Any]], seeds: Iterable[int]) -> dict[tuple[int, str], dict[int, dict]]:
+def finals_by_cell(results: Iterable[dict[str, Any]], seeds: Iterable[int]) -> dict[tuple[int, str], dict[int, dict]]:
     keep = set(seeds)
     out: dict[tuple[int, str], dict[int, dict]] = {}
     for r in results:
@@ -69,7 +70,7 @@ def _finals(results: Iterable[dict[str, Any]], seeds: Iterable[int]) -> dict[tup
 def score(results: list[dict[str, Any]], name: str, seeds: Iterable[int] = DEV_SEEDS,
           stalenesses: Iterable[int] = STALENESS) -> float | None:
     """Mean over s of the mean final accuracy over `seeds`; None unless every s has every seed."""
-    seeds, cells = tuple(seeds), _finals(results, seeds)
+    seeds, cells = tuple(seeds), finals_by_cell(results, seeds)
     means = []
     for s in stalenesses:
         runs = cells.get((s, name), {})
@@ -96,7 +97,7 @@ def choose(results: list[dict[str, Any]], candidates: Iterable[str], seeds: Iter
 
 def score_table(results: list[dict[str, Any]], names: Iterable[str], seeds: Iterable[int] = DEV_SEEDS) -> str:
     seeds = tuple(seeds)
-    cells = _finals(results, seeds)
+    cells = finals_by_cell(results, seeds)
     lines = ["| configuration | " + " | ".join(f"s = {s} final (seeds)" for s in STALENESS) + " | score |",
              "|---|" + "---|" * (len(STALENESS) + 1)]
     for name in names:
@@ -124,7 +125,7 @@ def development_report(results: list[dict[str, Any]]) -> str:
             + f"alternative: {alternative or 'not yet (a candidate lacks runs)'}\n")
 
 
-def _pair(cells, s: int, a: str, b: str) -> dict[str, Any]:
+def paired_row(cells, s: int, a: str, b: str) -> dict[str, Any]:
     ra, rb = cells.get((s, a), {}), cells.get((0 if b == "sync" else s, b), {})
     seeds = sorted(set(ra) & set(rb))
     diff = paired({x: ra[x]["final_accuracy"] for x in seeds}, {x: rb[x]["final_accuracy"] for x in seeds})
@@ -132,7 +133,7 @@ def _pair(cells, s: int, a: str, b: str) -> dict[str, Any]:
     return {"s": s, "a": a, "b": b, "diff": diff, "side_by_side": side}
 
 
-def _verdicts(family: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def holm_verdicts(family: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each comparison's Holm-adjusted p-value across the family and its verdict: supported (adjusted p < ALPHA,
     mean above zero), refuted (adjusted p < ALPHA, mean below zero) or not separated."""
     for row, adj in zip(family, holm([r["diff"].p if r["diff"].n > 1 else 1.0 for r in family])):
@@ -148,9 +149,9 @@ def headline(results: list[dict[str, Any]], preset: str, alternative: str,
              seeds: Iterable[int] = HELDOUT_SEEDS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The four Holm-adjusted comparisons, and the secondary rows (preset minus naive, equal_update, gates_only and
     sync)."""
-    cells = _finals(results, seeds)
-    family = _verdicts([_pair(cells, s, preset, b) for b in ("decoupled", alternative) for s in STALENESS])
-    secondary = [_pair(cells, s, preset, b) for b in HELDOUT_BASELINES if b not in ("decoupled", alternative)
+    cells = finals_by_cell(results, seeds)
+    family = holm_verdicts([paired_row(cells, s, preset, b) for b in ("decoupled", alternative) for s in STALENESS])
+    secondary = [paired_row(cells, s, preset, b) for b in HELDOUT_BASELINES if b not in ("decoupled", alternative)
                  for s in STALENESS]
     return family, [r for r in secondary if r["diff"].n > 0]
 
@@ -186,9 +187,9 @@ PIPELINE_STEPS = 50
 def replay_family(results: list[dict[str, Any]], seeds: Iterable[int]) -> list[dict[str, Any]]:
     """Section 5's four comparisons (all of replay, per-prompt replay alone; s = 4 and 8) over `seeds`, each paired
     over the seeds both sides have, with Holm's correction across them."""
-    cells = _finals(results, seeds)
+    cells = finals_by_cell(results, seeds)
     preset, off, prompt_only = REPLAY_CONFIGS
-    return _verdicts([_pair(cells, s, a, off) for a in (preset, prompt_only) for s in STALENESS])
+    return holm_verdicts([paired_row(cells, s, a, off) for a in (preset, prompt_only) for s in STALENESS])
 
 
 def replay_power(results: list[dict[str, Any]], effect: float = 0.03) -> str:
@@ -198,7 +199,7 @@ def replay_power(results: list[dict[str, Any]], effect: float = 0.03) -> str:
     lines = ["| s | comparison | development seeds | difference, points [95% interval] | sd, points |", "|---|---|---|---|---|"]
     sds = []
     for row in family:
-        cells = _finals(results, REPLAY_DEV_SEEDS)
+        cells = finals_by_cell(results, REPLAY_DEV_SEEDS)
         ra, rb = cells.get((row["s"], row["a"]), {}), cells.get((row["s"], row["b"]), {})
         diffs = [ra[x]["final_accuracy"] - rb[x]["final_accuracy"] for x in sorted(set(ra) & set(rb))]
         sd = statistics.stdev(diffs) if len(diffs) > 1 else float("nan")
@@ -314,13 +315,13 @@ def pipeline_headline(runs: list[dict[str, Any]], preset: str, alternative: str,
     decoupled PPO and the alternative each minus on-policy training (what staleness costs through the trainer)."""
     family, secondary = [], []
     for trainer, _, results in pipeline_trainers(runs, preset, alternative):
-        cells = _finals(results, seeds)
+        cells = finals_by_cell(results, seeds)
         s = PIPELINE_STALENESS[trainer]
-        family += [{**_pair(cells, s, preset, b), "trainer": trainer} for b in ("decoupled", alternative)]
+        family += [{**paired_row(cells, s, preset, b), "trainer": trainer} for b in ("decoupled", alternative)]
         if trainer == "fully_async":
-            secondary += [{**_pair(cells, s, a, "sync"), "trainer": trainer} for a in (preset, "decoupled", alternative)]
+            secondary += [{**paired_row(cells, s, a, "sync"), "trainer": trainer} for a in (preset, "decoupled", alternative)]
     family = sorted(family, key=lambda r: r["b"] != "decoupled")  # against decoupled PPO first, as the harness's
-    return _verdicts(family), [r for r in secondary if r["diff"].n > 0]
+    return holm_verdicts(family), [r for r in secondary if r["diff"].n > 0]
 
 
 def pipeline_stage_report(runs: list[dict[str, Any]], preset: str, alternative: str) -> str:
@@ -361,7 +362,7 @@ def two_axes(results: list[dict[str, Any]], names: Iterable[str], s: int, seeds:
     final accuracy, median step time relative to decoupled PPO's, generated samples to reach decoupled PPO's mean
     final accuracy; then accuracy at equal generated samples, gradient steps and wall time, at 25%, 50% and 100% of
     the least any run of the table reached on that axis."""
-    cells = _finals(results, seeds)
+    cells = finals_by_cell(results, seeds)
     rows = {n: list(cells.get((0 if n == "sync" else s, n), {}).values()) for n in names}
     rows = {n: runs for n, runs in rows.items() if runs}
     ref = rows.get("decoupled")
@@ -399,7 +400,7 @@ def two_axes_figure(results: list[dict[str, Any]], names: Iterable[str], s: int,
     import matplotlib.pyplot as plt
     import numpy as np
 
-    cells = _finals(results, seeds)
+    cells = finals_by_cell(results, seeds)
     rows = {n: list(cells.get((0 if n == "sync" else s, n), {}).values()) for n in names}
     rows = {n: runs for n, runs in rows.items() if runs}
     fig, axes = plt.subplots(1, len(AXES), figsize=(5 * len(AXES), 3.8), sharey=True)
@@ -429,7 +430,8 @@ def _studies(root: Path, name: str) -> list[Path]:
 
 
 def archive(out: Path, folder: Path) -> list[Path]:
-    """Every OUT/**/results.jsonl as FOLDER/**/results.jsonl.gz (the study's raw runs, kept in the repository)."""
+    """Every OUT/**/results.jsonl as FOLDER/**/results.jsonl.gz (the study's raw runs, kept in the repository), and
+    every attempts.jsonl (each run's start, finish or failure) as attempts.jsonl.gz."""
     import gzip
 
     written = []
@@ -438,7 +440,8 @@ def archive(out: Path, folder: Path) -> list[Path]:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(gzip.compress(source.read_bytes(), mtime=0))
         written.append(target)
-    return written
+    return written + [attempts.pack(source, folder / source.relative_to(out).with_suffix(".jsonl.gz"))
+                      for source in _studies(out, attempts.NAME)]
 
 
 def restore(folder: Path, out: Path) -> list[Path]:
@@ -447,6 +450,10 @@ def restore(folder: Path, out: Path) -> list[Path]:
     import gzip
 
     written = []
+    for packed in _studies(folder, attempts.NAME + ".gz"):  # attempts: every archived line OUT's file lacks
+        target = out / packed.relative_to(folder).with_suffix("")
+        if attempts.unpack(packed, target):
+            written.append(target)
     for packed in _studies(folder, "results.jsonl.gz"):
         target = out / packed.relative_to(folder).with_suffix("")
         have = {_key(r) for r in load_results(target)} if target.exists() else set()

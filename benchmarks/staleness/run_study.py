@@ -31,7 +31,8 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads (the harness imports it)
 
-from benchmarks.staleness.harness import preset_overrides  # noqa: E402
+from benchmarks.staleness import attempts  # noqa: E402
+from benchmarks.staleness.harness import TASKS, preset_overrides  # noqa: E402
 from recipe.darl.config import presets  # noqa: E402
 
 # name -> HarnessConfig overrides ("staleness" pins a method's staleness whatever the cell's): the named configurations
@@ -45,6 +46,13 @@ def cell_staleness(method: str, staleness: int) -> int:
     return METHODS.get(method, {}).get("staleness", staleness)
 
 
+def record_attempt(spec: dict[str, Any], event: str, **extra: Any) -> None:
+    """The run's start, finish or failure in OUT/attempts.jsonl, when the spec names the file (`attempts.py`)."""
+    if spec.get("attempts"):
+        attempts.record(spec["attempts"], event, method_name=spec["method_name"], staleness=spec["staleness"],
+                        seed=spec["seed"], common=spec["common"], **extra)
+
+
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -55,7 +63,12 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     overrides.pop("staleness", None)
     overrides.update(spec["common"])
     config = HarnessConfig(staleness=spec["staleness"], seed=spec["seed"], label=spec["method_name"], **overrides)
-    result = run(config, log=lambda msg: print(msg, flush=True))
+    record_attempt(spec, "started", pid=os.getpid(), provenance=spec.get("origin"))
+    try:
+        result = run(config, log=lambda msg: print(msg, flush=True))
+    except BaseException as e:
+        record_attempt(spec, "failed", error=repr(e)[:500])
+        raise
     result.update(method_name=spec["method_name"], staleness=spec["staleness"], seed=spec["seed"])
     return result
 
@@ -308,8 +321,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--minibatches", type=int, default=1)
-    p.add_argument("--task", choices=["arithmetic", "scarce"], default="arithmetic",
-                   help="scarce: a fixed pool of hard problems revisited for epochs (the scarce regime)")
+    p.add_argument("--task", choices=list(TASKS), default="arithmetic",
+                   help="scarce: a fixed pool of hard problems revisited for epochs (the scarce regime); chains: the "
+                        "second testbed, chains worked line by line on a 2.3M-parameter model")
     p.add_argument("--jobs", type=int, default=1, help="runs side by side, one thread each")
     p.add_argument("--quick", action="store_true", help="1 seed, s in {1, 4}, 40 steps, val 200: minutes")
     p.add_argument("--report-only", action="store_true")
@@ -338,14 +352,18 @@ def main(argv=None) -> int:
         print(f"{len(specs)} run(s) to do, results in {results_file}", flush=True)
         if specs:
             # build the cached example model once, before any worker needs it
+            from benchmarks.staleness.harness import example_settings
             from recipe.darl.example.build import build_example
-            build_example()
+            build_example(settings=example_settings(args.task))
 
         from benchmarks.staleness.provenance import provenance, utc_now
 
         origin = provenance()  # read once, before any run: the code the runs execute is the code at this point
+        for spec in specs:
+            spec.update(attempts=str(args.out / attempts.NAME), origin=origin)
 
         def save(result: dict[str, Any]) -> None:
+            record_attempt({**result, "common": common, "attempts": str(args.out / attempts.NAME)}, "finished")
             result["provenance"] = {**origin, "finished": utc_now()}
             with results_file.open("a") as f:
                 f.write(json.dumps(result) + "\n")
@@ -369,6 +387,8 @@ def main(argv=None) -> int:
     if args.results and not results:
         raise SystemExit(f"--results {args.results}: no runs there")
     print(report(results, args.out))
+    if not args.results:
+        print(attempts.summary(args.out / attempts.NAME))
     return 0
 
 

@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from benchmarks.staleness import pipeline_report
+from benchmarks.staleness import attempts, pipeline_report
 from benchmarks.staleness.paired import detectable_effect, seeds_for_power
-from benchmarks.staleness.protocol import _finals, _pair, _verdicts, headline_table
+from benchmarks.staleness.protocol import finals_by_cell, paired_row, holm_verdicts, headline_table
 
 PRESET, BASELINE, ALTERNATIVE = "darl_tokens_e2", "decoupled", "decoupled_prompt_e2"
 CONFIGS = (BASELINE, PRESET, ALTERNATIVE)
@@ -65,10 +65,10 @@ def results(stage: Path) -> list[dict[str, Any]]:
 def family(runs: list[dict[str, Any]], seeds: Iterable[int], thresholds: Iterable[float] = THRESHOLDS):
     """(the preset minus decoupled PPO at each threshold, Holm-adjusted; the preset minus the alternative, secondary),
     each paired over the seeds both sides have."""
-    cells = _finals(runs, seeds)
-    rows = [{**_pair(cells, t, PRESET, BASELINE), "threshold": t} for t in thresholds]
-    secondary = [{**_pair(cells, t, PRESET, ALTERNATIVE), "threshold": t} for t in thresholds]
-    return _verdicts(rows), [r for r in secondary if r["diff"].n > 0]
+    cells = finals_by_cell(runs, seeds)
+    rows = [{**paired_row(cells, t, PRESET, BASELINE), "threshold": t} for t in thresholds]
+    secondary = [{**paired_row(cells, t, PRESET, ALTERNATIVE), "threshold": t} for t in thresholds]
+    return holm_verdicts(rows), [r for r in secondary if r["diff"].n > 0]
 
 
 def pays_from(rows: list[dict[str, Any]]) -> float | None:
@@ -86,12 +86,12 @@ def power(runs: list[dict[str, Any]], effect: float = 0.03) -> str:
     """The development block: the preset minus decoupled PPO at each development threshold, the differences' largest
     standard deviation, and the held-out seeds that give a paired t test 80% power for `effect` (in [MIN_SEEDS,
     MAX_SEEDS]; at the cap, the difference that count detects)."""
-    cells = _finals(runs, DEV_SEEDS)
+    cells = finals_by_cell(runs, DEV_SEEDS)
     lines = ["| threshold | comparison | development seeds | difference, points [95% interval] | sd, points |",
              "|---|---|---|---|---|"]
     sds = []
     for t in DEV_THRESHOLDS:
-        row = _pair(cells, t, PRESET, BASELINE)
+        row = paired_row(cells, t, PRESET, BASELINE)
         a, b = cells.get((t, PRESET), {}), cells.get((t, BASELINE), {})
         diffs = [a[s]["final_accuracy"] - b[s]["final_accuracy"] for s in sorted(set(a) & set(b))]
         sds.append(statistics.stdev(diffs) if len(diffs) > 1 else float("nan"))
@@ -115,9 +115,12 @@ def report(runs: list[dict[str, Any]], seeds: Iterable[int] = HELDOUT_SEEDS) -> 
 
 
 def archive(stage: Path, dest: Path) -> list[Path]:
-    """Each threshold's runs of STAGE as DEST/t<threshold>/results.jsonl.gz (finished runs only)."""
+    """Each threshold's runs of STAGE as DEST/t<threshold>/results.jsonl.gz (finished runs only), and its launch
+    attempts (attempts.jsonl, every launch: finished, failed or interrupted) beside them."""
     written = []
     for t in THRESHOLDS:
+        if (stage / folder(t) / attempts.NAME).exists():
+            written.append(attempts.pack(stage / folder(t) / attempts.NAME, dest / folder(t) / (attempts.NAME + ".gz")))
         if (stage / folder(t)).exists():
             runs = [r for r in pipeline_report.load_runs(stage / folder(t))
                     if any(x.get("step") == STEPS for x in r["records"])]
@@ -130,6 +133,8 @@ def restore(dest: Path, stage: Path) -> int:
     """The archived runs STAGE lacks, back as run folders (pipeline_check.sh then counts them as done)."""
     n = 0
     for t in THRESHOLDS:
+        if (dest / folder(t) / (attempts.NAME + ".gz")).exists():
+            attempts.unpack(dest / folder(t) / (attempts.NAME + ".gz"), stage / folder(t) / attempts.NAME)
         packed = dest / folder(t) / "results.jsonl.gz"
         if packed.exists():
             n += len(pipeline_report.restore(pipeline_report.load_runs(packed), stage / folder(t)))

@@ -144,8 +144,9 @@ def test_archive_round_trip_and_cli(tmp_path):
     # the same runs archive to the same bytes (no timestamp in the gzip header)
     archive(load_runs(tmp_path / "runs"), tmp_path / "ev")
     assert path.read_bytes() == first
-    # the report from the archive is the report from the run folder
-    from_runs = (tmp_path / "ev" / "summary.md").read_text()
+    # the archive holds runs, never their report; the report from the archive is the report from the run folder
+    assert not (tmp_path / "ev" / "summary.md").exists()
+    from_runs = (tmp_path / "runs" / "summary.md").read_text()
     assert main([str(path), "--out", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "summary.md").read_text() == from_runs
     with pytest.raises(FileNotFoundError, match="no TRAINER/seedS/CONFIG"):
@@ -168,8 +169,8 @@ def test_sources_merge_and_a_later_run_replaces_an_earlier(tmp_path):
     by_key = {(r["config"], r["seed"]): r for r in merged}
     assert by_key[("decoupled", 1)]["records"][-1]["data"][VAL_KEY] == 0.20
     assert main([str(tmp_path / "ev" / "results.jsonl.gz"), str(tmp_path / "later"),
-                 "--archive", str(tmp_path / "ev2")]) == 0
-    text = (tmp_path / "ev2" / "summary.md").read_text()
+                 "--archive", str(tmp_path / "ev2"), "--out", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "summary.md").read_text()
     # decoupled's finals are now 0.40, 0.20; pmis_sg minus decoupled: +10, +16 -> +13.0, s.e. 3.0: [-25.1, +51.1]
     assert "| `decoupled` | decoupled PPO | 0.400, 0.200 |" in text
     assert "+13.0 [-25.1, +51.1] (+10.0, +16.0; 0 of 2 side by side)" in text

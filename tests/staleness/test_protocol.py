@@ -172,6 +172,42 @@ def test_archive_and_restore_keep_every_run(tmp_path):
     assert all("pipeline" not in p.parts for p in protocol.archive(out, tmp_path / "archive"))
 
 
+def test_every_attempt_is_recorded_and_archived(tmp_path, monkeypatch):
+    """run_one writes a start, and a failure when the run raises; save writes a finish. The summary counts a start
+    with neither as interrupted, and a run started twice; archive and restore keep the attempts."""
+    import benchmarks.staleness.harness as harness
+    from benchmarks.staleness.attempts import summary
+    from benchmarks.staleness.run_study import record_attempt, run_one
+
+    out = tmp_path / "runs" / "scarce" / "replay_heldout"
+    out.mkdir(parents=True)
+    common = {"steps": 2, "task": "scarce"}
+    spec = {"method_name": "decoupled", "staleness": 4, "seed": 7, "common": common,
+            "attempts": str(out / "attempts.jsonl"), "origin": ORIGIN}
+
+    def broken(config, log):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(harness, "run", broken)
+    with pytest.raises(RuntimeError):
+        run_one(spec)
+    record_attempt({**spec, "seed": 8}, "started")  # killed: no finish, no failure
+    record_attempt(spec, "started")
+    record_attempt(spec, "finished")  # the retry that finished
+    events = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["started", "failed", "started", "started", "finished"]
+    assert events[0]["provenance"] == ORIGIN and "out of memory" in events[1]["error"]
+    assert summary(out / "attempts.jsonl") == (
+        "attempts: 3 started, 1 finished, 1 failed, 1 interrupted or running; 1 run(s) started more than once")
+    (out / "results.jsonl").write_text(json.dumps(run("decoupled", 4, 7, 0.4)) + "\n")
+    written = protocol.archive(tmp_path / "runs", tmp_path / "archive")
+    assert sorted(p.name for p in written) == ["attempts.jsonl.gz", "results.jsonl.gz"]
+    fresh = tmp_path / "fresh"
+    protocol.restore(tmp_path / "archive", fresh)
+    assert (fresh / "scarce" / "replay_heldout" / "attempts.jsonl").read_text() == (out / "attempts.jsonl").read_text()
+    assert protocol.restore(tmp_path / "archive", fresh) == []  # lines already there are not added twice
+
+
 def test_the_study_runs_a_seed_at_every_staleness_before_the_next_seed():
     from benchmarks.staleness.run_study import planned_runs
 

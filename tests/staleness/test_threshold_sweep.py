@@ -1,6 +1,7 @@
 """The staleness-threshold sweep (protocol.md, section 6): its family, where the preset pays, the development block's
 power, and its archives read back from the pipeline stage's real runs."""
 
+import json
 import math
 from pathlib import Path
 
@@ -75,3 +76,33 @@ def test_archived_runs_round_trip_through_a_stage_folder(tmp_path):
     assert all(math.isclose(r["final_accuracy"], finals[(r["method_name"], r["seed"])]) for r in got)
     again = sweep.archive(stage, tmp_path / "again")
     assert [p.read_bytes() for p in again] == [(tmp_path / "archive" / "t4" / "results.jsonl.gz").read_bytes()]
+    # the launch attempts (pipeline_check.sh writes them) travel with the runs, failed and interrupted ones included
+    from benchmarks.staleness import attempts
+
+    log = stage / "t4" / attempts.NAME
+    for event, seed in (("started", 1344), ("failed", 1344), ("started", 1344), ("finished", 1344), ("started", 1808)):
+        attempts.record(log, event, trainer="fully_async", config="decoupled", seed=seed)
+    assert attempts.summary(log) == (
+        "attempts: 3 started, 1 finished, 1 failed, 1 interrupted or running; 1 run(s) started more than once")
+    packed = sweep.archive(stage, tmp_path / "third")
+    assert [p.name for p in packed] == ["attempts.jsonl.gz", "results.jsonl.gz"]
+    fresh = tmp_path / "fresh"
+    sweep.restore(tmp_path / "third", fresh)
+    assert (fresh / "t4" / attempts.NAME).read_text() == log.read_text()
+
+
+def test_pipeline_check_writes_a_json_line_per_launch_event(tmp_path):
+    """pipeline_check.sh's `attempt` function, run as the script runs it: lines attempts.summary reads."""
+    import subprocess
+
+    from benchmarks.staleness import attempts
+
+    script = (Path(__file__).resolve().parents[2] / "benchmarks/staleness/pipeline_check.sh").read_text()
+    function = script[script.index("attempt() {"):script.index("\n}\n", script.index("attempt() {")) + 3]
+    body = (f'OUT={tmp_path}; commit=abc; trainer=fully_async; cfg=darl_tokens_e2; seed=50549\n{function}'
+            "attempt started; attempt failed; attempt started\n")
+    subprocess.run(["bash", "-c", body], check=True)
+    lines = [json.loads(line) for line in (tmp_path / attempts.NAME).read_text().splitlines()]
+    assert [x["event"] for x in lines] == ["started", "failed", "started"]
+    assert lines[0]["seed"] == 50549 and lines[0]["config"] == "darl_tokens_e2" and lines[0]["commit"] == "abc"
+    assert attempts.summary(tmp_path / attempts.NAME).startswith("attempts: 2 started, 0 finished, 1 failed, 1 interrupted")

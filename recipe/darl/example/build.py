@@ -1,7 +1,9 @@
-"""Builds the built-in example into a cache directory on first use: tiny model, warm-start, parquet.
+"""Builds a built-in example into a cache directory on first use: tiny model, warm-start, parquet.
 
-The default settings' warm-started weights ship in `weights/` with their sha256, since the warm-start is not
-deterministic across CPUs; `--regenerate` runs it instead, `--export DIR` writes a shippable copy. A directory
+Two examples: `arithmetic` (sums, a 0.5M-parameter model; its scarce regime and the long-tail model too) and
+`chains` (`--task chains`: chains of additions and subtractions worked line by line, a 2.3M-parameter model,
+responses up to 64 tokens). Each one's warm-started weights ship in `weights/` with their sha256, since the warm-start
+is not deterministic across CPUs; `--regenerate` runs it instead, `--export DIR` writes a shippable copy. A directory
 whose `example.json` matches the settings is reused; concurrent builders lock, build privately and rename.
 """
 
@@ -17,9 +19,10 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import ClassVar, Optional
 
 from ..data.prepare import write_parquet
+from . import arithmetic, chains
 from .arithmetic import is_hard, make_problems, records
 
 DEFAULT_CACHE = Path(os.environ.get("DARL_CACHE", Path.home() / ".cache" / "darl"))
@@ -34,6 +37,7 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "to
 
 @dataclass(frozen=True)
 class ExampleSettings:
+    TASK: ClassVar[str] = "arithmetic"
     seed: int = 0
     hidden_size: int = 128
     num_layers: int = 2
@@ -42,6 +46,19 @@ class ExampleSettings:
     sft_problems: int = 20000
     sft_target: float = 0.25
     max_response_tokens: int = 32  # greedy evaluation length; the RL run uses the same
+
+
+@dataclass(frozen=True)
+class ChainsSettings(ExampleSettings):
+    """The chains example (`chains.py`): 4.4x the arithmetic model's parameters (hidden 272, 2 layers), twice its
+    response length."""
+
+    TASK: ClassVar[str] = "chains"
+    hidden_size: int = 272
+    max_response_tokens: int = chains.MAX_RESPONSE_TOKENS
+
+
+SETTINGS = {"arithmetic": ExampleSettings(), "chains": ChainsSettings()}
 
 
 @dataclass
@@ -71,8 +88,17 @@ def problem_splits(settings: ExampleSettings = ExampleSettings(), val_size: Opti
             "heldout": heldout, "scarce_train": scarce_train, "scarce_val": hard[:val_size]}
 
 
+def chain_splits(settings: ExampleSettings = ChainsSettings(), val_size: int = 500) -> dict[str, list[tuple[int, ...]]]:
+    """The chains example's disjoint problem sets: sft, train, val, and heldout (`val_size` others, for studies)."""
+    total = settings.sft_problems + settings.train_prompts + settings.val_prompts
+    pool = chains.make_problems(total + val_size, settings.seed)
+    val, train = pool[:settings.val_prompts], pool[settings.val_prompts:settings.val_prompts + settings.train_prompts]
+    return {"val": val, "train": train, "sft": pool[settings.val_prompts + settings.train_prompts:total],
+            "heldout": pool[total:]}
+
+
 def _name(settings: ExampleSettings) -> str:
-    return f"arithmetic-s{settings.seed}-h{settings.hidden_size}"
+    return f"{settings.TASK}-s{settings.seed}-h{settings.hidden_size}"
 
 
 def sha256(path: str | os.PathLike) -> str:
@@ -145,14 +171,19 @@ def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) ->
     from .tiny_model import build_tiny_model
     from .warm_start import warm_start
 
-    splits = problem_splits(settings)
-    # scarce_*: the scarce regime (docs/evidence.md), a fixed pool of hard problems, scored on the study's problems
-    splits["scarce_val"] = problem_splits(settings, val_size=SCARCE_VAL_SIZE)["scarce_val"]
-    for name, split in (("train", "train"), ("val", "test"), ("scarce_train", "train"), ("scarce_val", "test")):
-        write_parquet(records(splits[name], split), root / f"{name}.parquet")
-    # the long-tail example (longtail.py): the tiny model untrained, deterministic, built in a second
-    build_tiny_model(root / "longtail_model", seed=settings.seed, hidden_size=settings.hidden_size,
-                     num_layers=settings.num_layers)
+    if settings.TASK == "chains":
+        task, splits = chains, chain_splits(settings)
+        for name, split in (("train", "train"), ("val", "test")):
+            write_parquet(chains.records(splits[name], split), root / f"{name}.parquet")
+    else:
+        task, splits = arithmetic, problem_splits(settings)
+        # scarce_*: the scarce regime (docs/evidence.md), a fixed pool of hard problems, scored on the study's problems
+        splits["scarce_val"] = problem_splits(settings, val_size=SCARCE_VAL_SIZE)["scarce_val"]
+        for name, split in (("train", "train"), ("val", "test"), ("scarce_train", "train"), ("scarce_val", "test")):
+            write_parquet(records(splits[name], split), root / f"{name}.parquet")
+        # the long-tail example (longtail.py): the tiny model untrained, deterministic, built in a second
+        build_tiny_model(root / "longtail_model", seed=settings.seed, hidden_size=settings.hidden_size,
+                         num_layers=settings.num_layers)
 
     shipped = None if regenerate else shipped_weights(settings)
     if shipped is not None:
@@ -166,7 +197,7 @@ def _build_into(root: Path, settings: ExampleSettings, log, regenerate: bool) ->
         build_tiny_model(root / "model", seed=settings.seed, hidden_size=settings.hidden_size,
                          num_layers=settings.num_layers)
         warm = warm_start(str(root / "model"), splits["sft"], splits["val"][:128], target=settings.sft_target,
-                          seed=settings.seed, max_new_tokens=settings.max_response_tokens, log=log)
+                          seed=settings.seed, max_new_tokens=settings.max_response_tokens, log=log, task=task)
         log(f"warm-start: greedy accuracy {warm.accuracy:.3f} after {warm.steps} steps ({warm.seconds:.0f} s)")
         result = asdict(warm)
         source = {"weights": "warm-started here"}
@@ -193,14 +224,15 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--paths-only", action="store_true", help="print 'model train val' on one line (for scripts)")
-    parser.add_argument("--task", choices=["arithmetic", "scarce", "longtail"], default="arithmetic",
+    parser.add_argument("--task", choices=["arithmetic", "scarce", "longtail", "chains"], default="arithmetic",
                         help="which model and data --paths-only prints: the example's, the scarce regime's (hard sums, "
-                             "fixed pool) or the long-tail example's (the untrained tiny model, longtail.py)")
+                             "fixed pool), the long-tail example's (the untrained tiny model, longtail.py) or the "
+                             "chains example's (its own model and data)")
     parser.add_argument("--regenerate", action="store_true", help="warm-start here instead of using the shipped weights")
     parser.add_argument("--export", type=Path, default=None, help="write the built model as shippable weights into DIR")
     args = parser.parse_args()
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.paths_only else print
-    settings = ExampleSettings(seed=args.seed)
+    settings = (ChainsSettings if args.task == "chains" else ExampleSettings)(seed=args.seed)
     example = build_example(args.cache, settings, log=log, regenerate=args.regenerate)
     if args.export is not None:
         log(f"exported to {export_weights(example, settings, args.export)}")
@@ -208,7 +240,8 @@ def main() -> None:
         root = Path(example.root)
         paths = {"arithmetic": (example.model, example.train_files, example.val_files),
                  "scarce": (example.model, root / "scarce_train.parquet", root / "scarce_val.parquet"),
-                 "longtail": (root / "longtail_model", example.train_files, example.val_files)}
+                 "longtail": (root / "longtail_model", example.train_files, example.val_files),
+                 "chains": (example.model, example.train_files, example.val_files)}
         print(*paths[args.task])
     else:
         print(json.dumps(asdict(example), indent=2))
