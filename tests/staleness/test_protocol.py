@@ -170,6 +170,14 @@ def test_archive_and_restore_keep_every_run(tmp_path):
     (out / "scarce" / "pipeline").mkdir()
     (out / "scarce" / "pipeline" / "results.jsonl").write_text("{}\n")
     assert all("pipeline" not in p.parts for p in protocol.archive(out, tmp_path / "archive"))
+    # so are the threshold sweep's (threshold_sweep archives them): a restore from an archive holding both works
+    packed = tmp_path / "archive" / "scarce" / "threshold_dev" / "t1"
+    packed.mkdir(parents=True)
+    import gzip
+
+    (packed / "results.jsonl.gz").write_bytes(gzip.compress(b'{"trainer": "fully_async", "records": []}\n'))
+    assert protocol.restore(tmp_path / "archive", tmp_path / "third")
+    assert not (tmp_path / "third" / "scarce" / "threshold_dev").exists()
 
 
 def test_every_attempt_is_recorded_and_archived(tmp_path, monkeypatch):
