@@ -33,7 +33,8 @@ DEV_THRESHOLDS = (0.5, 1, 2)  # threshold 4 has the pipeline stage's 12 held-out
 # drawn at random from 10000-99999 before any of their runs
 DEV_SEEDS = (50549, 74533)
 # drawn at random from 100000-999999 after the development block, before any of their runs (section 6)
-HELDOUT_SEEDS: tuple[int, ...] = ()
+HELDOUT_SEEDS: tuple[int, ...] = (253536, 297790, 344205, 353025, 680432, 688551, 733248, 780002, 806915, 869486,
+                                  875508, 978386)
 MIN_SEEDS, MAX_SEEDS = 6, 12  # a held-out seed is 12 launches, about 2 h on 2 cores
 STEPS = 50  # a run counts once its last step is logged
 

@@ -106,3 +106,15 @@ def test_pipeline_check_writes_a_json_line_per_launch_event(tmp_path):
     assert [x["event"] for x in lines] == ["started", "failed", "started"]
     assert lines[0]["seed"] == 50549 and lines[0]["config"] == "darl_tokens_e2" and lines[0]["commit"] == "abc"
     assert attempts.summary(tmp_path / attempts.NAME).startswith("attempts: 2 started, 0 finished, 1 failed, 1 interrupted")
+
+
+def test_the_heldout_seeds_are_the_protocols():
+    """Section 6 lists the held-out seeds the stage runs: as many as the development block's power calculation asks
+    (within the bounds), from 100000-999999, none a development seed."""
+    page = " ".join((Path(__file__).resolve().parents[2] / "docs/evidence/protocol.md").read_text().split())
+    section = page.split("## 6. Addendum")[1].split("## 7.")[0]
+    assert " ".join(map(str, sweep.HELDOUT_SEEDS)) in section
+    assert sweep.MIN_SEEDS <= len(sweep.HELDOUT_SEEDS) <= sweep.MAX_SEEDS
+    assert all(100000 <= s <= 999999 for s in sweep.HELDOUT_SEEDS) and not set(sweep.HELDOUT_SEEDS) & set(sweep.DEV_SEEDS)
+    archived = sweep.results(Path(__file__).resolve().parents[2] / "docs/evidence/protocol/scarce/threshold_dev")
+    assert f"held-out seeds {len(sweep.HELDOUT_SEEDS)};" in sweep.power(archived)
