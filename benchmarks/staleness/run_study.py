@@ -363,7 +363,8 @@ def main(argv=None) -> int:
             spec.update(attempts=str(args.out / attempts.NAME), origin=origin)
 
         def save(result: dict[str, Any]) -> None:
-            record_attempt({**result, "common": common, "attempts": str(args.out / attempts.NAME)}, "finished")
+            record_attempt({**result, "common": common, "attempts": str(args.out / attempts.NAME)}, "finished",
+                           provenance=origin)
             result["provenance"] = {**origin, "finished": utc_now()}
             with results_file.open("a") as f:
                 f.write(json.dumps(result) + "\n")

@@ -32,7 +32,14 @@ LAYOUT = 4  # 2: scarce_train/scarce_val parquet files; 3: longtail_model/; 4: s
 # the held-out hard problems scarce_val.parquet holds: the same 500 the controlled-staleness study scores, so an
 # accuracy through the trainers and one in the study are on one scale
 SCARCE_VAL_SIZE = 500
-MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+# a model folder's files that ship, besides its weights (saved in shards: warm_start.SHARD_SIZE)
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def model_files(folder: Path) -> list[str]:
+    """MODEL_FILES and the weights as saved (one `model.safetensors`, or its shards and their index)."""
+    return [*MODEL_FILES, *sorted(p.name for p in Path(folder).iterdir() if p.name.startswith("model")
+                                  and p.name.endswith((".safetensors", ".safetensors.index.json")))]
 
 
 @dataclass(frozen=True)
@@ -211,7 +218,7 @@ def export_weights(example: Example, settings: ExampleSettings, out: Path = SHIP
     folder.mkdir(parents=True, exist_ok=True)
     meta = json.loads((Path(example.root) / "example.json").read_text())
     digests = {}
-    for name in MODEL_FILES:
+    for name in model_files(example.model):
         shutil.copyfile(Path(example.model) / name, folder / name)
         digests[name] = sha256(folder / name)
     (folder / "example.json").write_text(json.dumps({"settings": meta["settings"], "warm_start": meta["warm_start"],

@@ -16,6 +16,8 @@ from torch.nn.utils.rnn import pad_sequence
 from . import arithmetic
 from .arithmetic import compute_score
 
+SHARD_SIZE = "4MB"  # weights saved in shards this small: the shipped copies stay small repository files
+
 
 @dataclass
 class WarmStartResult:
@@ -87,5 +89,5 @@ def warm_start(
             log(f"warm-start step {step}: loss {loss.item():.3f}, greedy accuracy {accuracy:.3f}")
             if accuracy >= target:
                 break
-    model.save_pretrained(model_dir, safe_serialization=True)
+    model.save_pretrained(model_dir, safe_serialization=True, max_shard_size=SHARD_SIZE)
     return WarmStartResult(accuracy=accuracy, steps=step, seconds=time.perf_counter() - start)
