@@ -58,8 +58,15 @@ def heldout_family(results: list[dict[str, Any]], preset: str, alternative: str)
 
 
 def heldout_report(results: list[dict[str, Any]], preset: str, alternative: str) -> str:
+    """The held-out family's table and the secondary figures, once every seed has its nine runs (sync at s = 0, the
+    other four at s = 4 and 8); before that, only how many seeds have them."""
     names = dict.fromkeys((*HELDOUT_BASELINES, preset, alternative))
-    return (protocol.headline_table(*heldout_family(results, preset, alternative)) + "\n"
+    keys = [(0, "sync")] + [(s, n) for n in names if n != "sync" for s in protocol.STALENESS]
+    whole = protocol.complete_seeds(protocol.finals_by_cell(results, HELDOUT_SEEDS), HELDOUT_SEEDS, keys)
+    head = f"{len(whole)} of {len(HELDOUT_SEEDS)} held-out seeds have their {len(keys)} runs"
+    if len(whole) < len(HELDOUT_SEEDS):  # no interim table: the family is read once, whole
+        return head + "; the table follows once all have them.\n"
+    return (f"{head}.\n\n" + protocol.headline_table(*heldout_family(results, preset, alternative)) + "\n"
             + "\n".join(protocol.two_axes(results, names, s, HELDOUT_SEEDS) for s in protocol.STALENESS))
 
 

@@ -4,6 +4,7 @@
     python -m benchmarks.staleness.protocol headline runs/protocol/scarce/heldout --preset darl --alternative equal_update
     python -m benchmarks.staleness.protocol pipeline docs/evidence/protocol/scarce/pipeline/results.jsonl.gz \\
         --preset darl_tokens_e2 --alternative decoupled_prompt_e2                   # the same through verl's trainers
+    python -m benchmarks.staleness.protocol replay-heldout runs/protocol/scarce/replay_heldout  # section 5: replay on/off
     python -m benchmarks.staleness.protocol archive runs/protocol docs/evidence/protocol   # raw runs into the repository
     python -m benchmarks.staleness.protocol restore docs/evidence/protocol runs/protocol   # and back, to resume
 
@@ -65,6 +66,13 @@ def finals_by_cell(results: Iterable[dict[str, Any]], seeds: Iterable[int]) -> d
         if r["seed"] in keep:
             out.setdefault((r["staleness"], r["method_name"]), {})[r["seed"]] = r
     return out
+
+
+def complete_seeds(cells: dict[tuple[int, str], dict[int, dict]], seeds: Iterable[int],
+                   keys: Iterable[tuple[Any, str]]) -> list[int]:
+    """The seeds of `seeds` with a run in every cell of `keys` ((staleness or threshold, configuration) pairs)."""
+    keys = list(keys)
+    return [x for x in seeds if all(x in cells.get(k, {}) for k in keys)]
 
 
 def score(results: list[dict[str, Any]], name: str, seeds: Iterable[int] = DEV_SEEDS,
@@ -215,6 +223,24 @@ def replay_power(results: list[dict[str, Any]], effect: float = 0.03) -> str:
     if n == seeds_for_power(sd, effect, high=10**6):
         return text + "\n"
     return text + f" (the cap; 80% power at {100 * detectable_effect(sd, n):.1f} points)\n"
+
+
+def replay_heldout_report(results: list[dict[str, Any]]) -> str:
+    """Section 5's held-out table with its Holm verdicts and what follows from it, once every held-out seed has its
+    six runs (three configurations at s = 4 and 8); before that, only how many seeds have them."""
+    cells = finals_by_cell(results, REPLAY_HELDOUT_SEEDS)
+    whole = complete_seeds(cells, REPLAY_HELDOUT_SEEDS, [(s, c) for c in REPLAY_CONFIGS for s in STALENESS])
+    head = f"{len(whole)} of {len(REPLAY_HELDOUT_SEEDS)} held-out seeds have their six runs"
+    if len(whole) < len(REPLAY_HELDOUT_SEEDS):  # no interim table: the family is read once, whole
+        return head + "; the table follows once all have them.\n"
+    family = replay_family(results, REPLAY_HELDOUT_SEEDS)
+    preset, off, _ = REPLAY_CONFIGS
+    if any(r["verdict"] == "supported" for r in family if r["a"] == preset):
+        follows = f"replay separates from the preset's token controls: the preset stays {preset}"
+    else:
+        follows = (f"replay does not separate from the preset's token controls: the preset becomes {off}, "
+                   "replay one flag away (replay.k=4 replay.prompt_replay=16)")
+    return f"{head}.\n\n{headline_table(family, [])}\n{follows}\n"
 
 
 def pipeline_launches(preset: str, alternative: str) -> list[tuple[str, str]]:
@@ -497,6 +523,9 @@ def main(argv=None) -> int:
     rp = sub.add_parser("replay-power", help="section 5's development differences and the held-out seeds they need")
     rp.add_argument("study", type=Path)
     rp.add_argument("--out", type=Path)
+    rh = sub.add_parser("replay-heldout", help="section 5's held-out family with Holm's correction and what follows")
+    rh.add_argument("study", type=Path)
+    rh.add_argument("--out", type=Path)
     for name, helptext in (("archive", "OUT's raw runs into FOLDER as .jsonl.gz"),
                            ("restore", "FOLDER's archived runs into OUT where it has none")):
         a = sub.add_parser(name, help=helptext)
@@ -530,6 +559,8 @@ def main(argv=None) -> int:
         text = development_report(results)
     elif args.command == "replay-power":
         text = replay_power(results)
+    elif args.command == "replay-heldout":
+        text = replay_heldout_report(results)
     else:
         text = heldout_report(results, args.preset, args.alternative)
         names = dict.fromkeys((*HELDOUT_BASELINES, args.preset, args.alternative))

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 from benchmarks.staleness import attempts, pipeline_report
 from benchmarks.staleness.paired import detectable_effect, seeds_for_power
-from benchmarks.staleness.protocol import finals_by_cell, paired_row, holm_verdicts, headline_table
+from benchmarks.staleness.protocol import complete_seeds, finals_by_cell, paired_row, holm_verdicts, headline_table
 
 PRESET, BASELINE, ALTERNATIVE = "darl_tokens_e2", "decoupled", "decoupled_prompt_e2"
 CONFIGS = (BASELINE, PRESET, ALTERNATIVE)
@@ -107,12 +107,18 @@ def power(runs: list[dict[str, Any]], effect: float = 0.03) -> str:
 
 
 def report(runs: list[dict[str, Any]], seeds: Iterable[int] = HELDOUT_SEEDS) -> str:
-    """The held-out table with its verdicts, and where the preset starts to pay."""
+    """The held-out table with its verdicts, and where the preset starts to pay, once every seed has its launches
+    (three configurations at four thresholds); before that, only how many seeds have them."""
+    seeds = list(seeds)
+    whole = complete_seeds(finals_by_cell(runs, seeds), seeds, [(t, c) for t in THRESHOLDS for c in CONFIGS])
+    head = f"{len(whole)} of {len(seeds)} held-out seeds have their {len(THRESHOLDS) * len(CONFIGS)} launches"
+    if len(whole) < len(seeds):  # no interim table: the family is read once, whole
+        return head + "; the table follows once all have them.\n"
     rows, secondary = family(runs, seeds)
     start = pays_from(rows)
     where = (f"the preset's gain over decoupled PPO is supported from staleness_threshold {start:g} up"
              if start is not None else "the preset's gain over decoupled PPO is not supported at the largest threshold")
-    return headline_table(rows, secondary, first="threshold") + f"\n{where}\n"
+    return f"{head}.\n\n" + headline_table(rows, secondary, first="threshold") + f"\n{where}\n"
 
 
 def archive(stage: Path, dest: Path) -> list[Path]:

@@ -77,6 +77,13 @@ def test_the_heldout_family_is_six_comparisons_with_holm_across_them():
     table = headline_table(family, secondary)
     assert table.count("| supported |") == sum(r["verdict"] == "supported" for r in family)
     assert table.count("(secondary)") == 2
+    for r in results:  # what the secondary figures read: a step time and two evaluations
+        r.update(step_time_mean=1.0, steps=[{"step": i, "updates": 1} for i in range(50)],
+                 evals=[{"step": 0, "samples": 0, "wall": 0.0, "accuracy": 0.2},
+                        {"step": 50, "samples": 800, "wall": 50.0, "accuracy": r["final_accuracy"]}])
+    assert chains.heldout_report(results, preset, alt).startswith(f"12 of 12 held-out seeds have their 9 runs.\n\n{table}")
+    assert chains.heldout_report(results[:-1], preset, alt) == (  # the last seed lacks its sync run: a count, no table
+        "11 of 12 held-out seeds have their 9 runs; the table follows once all have them.\n")
 
 
 def test_the_stage_script_refuses_an_unknown_stage_and_a_dirty_heldout(tmp_path):

@@ -369,3 +369,35 @@ def test_replay_power_by_hand():
     assert text.count("| +5.0 [") == 4 and text.count("| 3.7 |") == 4
     assert "largest sd 3.7 points: held-out seeds 15\n" in text
     assert "not yet" in replay_power(runs[:-1])
+
+
+def test_replay_heldout_report_waits_for_whole_seeds_then_says_what_follows():
+    """Section 5's held-out table: nothing but a count until all 60 seeds have their six runs. With the preset 4 or 6
+    points (alternating) above replay off and per-prompt replay 1 point above or below it, the preset's rows read
+    +5.0 and are supported and the preset stays; with the preset also 1 point above or below, nothing separates and
+    the preset becomes replay_off_e2."""
+    from benchmarks.staleness.protocol import REPLAY_CONFIGS, REPLAY_HELDOUT_SEEDS, replay_heldout_report
+
+    preset, off, prompt_only = REPLAY_CONFIGS
+
+    def runs(preset_gain):
+        out = []
+        for i, seed in enumerate(REPLAY_HELDOUT_SEEDS):
+            sign = 1 if i % 2 else -1
+            for s in (4, 8):
+                out += [run(off, s, seed, 0.3), run(prompt_only, s, seed, 0.3 + 0.01 * sign),
+                        run(preset, s, seed, 0.3 + preset_gain + 0.01 * sign)]
+        return out
+
+    gain = runs(0.05)
+    text = replay_heldout_report(gain)
+    assert text.startswith("60 of 60 held-out seeds have their six runs.")
+    rows = [line for line in text.splitlines() if line.startswith(("| 4 |", "| 8 |"))]
+    assert len(rows) == 4 and all("| 60 (60) |" in r for r in rows)
+    assert [r.split(" | ")[-1] for r in rows] == ["supported |", "supported |", "not separated |", "not separated |"]
+    assert all("| +5.0 [" in r for r in rows[:2]) and all("| +0.0 [" in r for r in rows[2:])
+    assert text.endswith(f"the preset stays {preset}\n")
+    assert text.rstrip().endswith(preset) and "becomes" not in text
+    assert f"the preset becomes {off}" in replay_heldout_report(runs(0.0))
+    partial = replay_heldout_report(gain[:-1])  # the last seed lacks one run: no table yet
+    assert partial == "59 of 60 held-out seeds have their six runs; the table follows once all have them.\n"
