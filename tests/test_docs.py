@@ -186,3 +186,12 @@ def test_core_example_runs_as_written():
 def test_changelog_is_dated():
     text = (ROOT / "CHANGELOG.md").read_text()
     assert re.findall(r"^## \d{4}-\d{2}-\d{2}$", text, re.M)
+
+
+def test_the_progress_table_is_the_archive():
+    """docs/evidence.md's table of the studies under way is what benchmarks/staleness/progress.py counts in the archive."""
+    from benchmarks.staleness.progress import table
+
+    text = (ROOT / "docs" / "evidence.md").read_text()
+    block = text.split("<!-- progress -->\n", 1)[1].split("<!-- /progress -->", 1)[0]
+    assert block == table(ROOT / "docs" / "evidence" / "protocol")

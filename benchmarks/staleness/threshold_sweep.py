@@ -52,8 +52,8 @@ def results(stage: Path) -> list[dict[str, Any]]:
     for t in THRESHOLDS:
         source = stage / folder(t)
         packed = source / "results.jsonl.gz"
-        if not source.exists():
-            continue
+        if not packed.exists() and not any(source.glob("*/seed*/*/metrics.jsonl")):
+            continue  # no launch yet, or (archived) only the attempts of a launch that had not finished
         for run in pipeline_report.load_runs(packed if packed.exists() else source):
             if not any(r.get("step") == STEPS for r in run["records"]):
                 continue  # unfinished: a run in flight or a failed launch

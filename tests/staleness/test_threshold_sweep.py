@@ -121,3 +121,10 @@ def test_the_heldout_seeds_are_the_protocols():
     assert all(100000 <= s <= 999999 for s in sweep.HELDOUT_SEEDS) and not set(sweep.HELDOUT_SEEDS) & set(sweep.DEV_SEEDS)
     archived = sweep.results(Path(__file__).resolve().parents[2] / "docs/evidence/protocol/scarce/threshold_dev")
     assert f"held-out seeds {len(sweep.HELDOUT_SEEDS)};" in sweep.power(archived)
+
+
+def test_a_threshold_with_only_attempts_has_no_runs_yet(tmp_path):
+    """An archive taken while a threshold's first launch ran holds its attempts but no runs: nothing to read there."""
+    (tmp_path / "t2").mkdir()
+    (tmp_path / "t2" / "attempts.jsonl.gz").write_bytes(b"")
+    assert sweep.results(tmp_path) == []
