@@ -33,6 +33,8 @@ def rows(root: Path) -> list[tuple[str, int, int]]:
     """(study, finished runs, planned runs) for each stage of sections 5-7, read from ROOT (a study folder or its
     archive)."""
     replay = _cells(protocol.REPLAY_CONFIGS, protocol.STALENESS, protocol.REPLAY_HELDOUT_SEEDS)
+    # through fully-async at one threshold (any of the sweep's), each held-out seed's three launches
+    replay_leg = _cells(protocol.REPLAY_CONFIGS, threshold_sweep.THRESHOLDS, protocol.REPLAY_HELDOUT_SEEDS)
     sweep = _cells(threshold_sweep.CONFIGS, threshold_sweep.THRESHOLDS, threshold_sweep.HELDOUT_SEEDS)
     # validation: sync at every rate over its seeds, then sync, decoupled PPO and naive async at s = 4 and 8 over the
     # stale seeds at sync's best rate, where sync's first seeds have run already
@@ -49,6 +51,9 @@ def rows(root: Path) -> list[tuple[str, int, int]]:
     return [
         ("section 5, replay's own share: held-out runs (harness)",
          _finished(load_results(scarce / "replay_heldout" / "results.jsonl"), replay), len(replay)),
+        ("section 5, replay's own share: held-out launches (fully-async)",
+         _finished(threshold_sweep.results(scarce / "replay_pipeline"), replay_leg),
+         len(protocol.REPLAY_CONFIGS) * len(protocol.REPLAY_HELDOUT_SEEDS)),
         ("section 6, where the preset starts to pay: held-out launches (fully-async)",
          _finished(threshold_sweep.results(scarce / "threshold_heldout"), sweep), len(sweep)),
         ("section 7, chains testbed: validation runs", len(validated), validation),

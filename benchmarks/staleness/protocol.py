@@ -451,10 +451,10 @@ def two_axes_figure(results: list[dict[str, Any]], names: Iterable[str], s: int,
 
 
 def _studies(root: Path, name: str) -> list[Path]:
-    """root/**/name outside `pipeline` and `threshold_*` folders (the runs of the stages through the launch scripts
-    are verl logs, archived by pipeline_report and threshold_sweep)."""
-    return [p for p in sorted(root.rglob(name))
-            if not any(part == "pipeline" or part.startswith("threshold_") for part in p.relative_to(root).parts)]
+    """root/**/name outside `pipeline`, `replay_pipeline` and `threshold_*` folders (the runs of the stages through
+    the launch scripts are verl logs, archived by pipeline_report and threshold_sweep)."""
+    return [p for p in sorted(root.rglob(name)) if not any(
+        part.endswith("pipeline") or part.startswith("threshold_") for part in p.relative_to(root).parts)]
 
 
 def archive(out: Path, folder: Path) -> list[Path]:

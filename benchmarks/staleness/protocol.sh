@@ -6,6 +6,7 @@
 #   STAGE=pipeline bash benchmarks/staleness/protocol.sh [OUT]  # the same choice through the CPU launch scripts
 #   STAGE=replay_dev / replay_heldout bash benchmarks/staleness/protocol.sh [OUT]  # section 5: replay on and off
 #   STAGE=threshold_dev / threshold_heldout bash benchmarks/staleness/protocol.sh [OUT]  # section 6: where it pays
+#   STAGE=replay_pipeline bash benchmarks/staleness/protocol.sh [OUT]  # section 5 through fully-async, after section 6
 # TASK (scarce) picks the regime; JOBS (2) runs side by side, one thread each. Runs archived under ARCHIVE
 # (docs/evidence/protocol, written by `python -m benchmarks.staleness.protocol archive OUT ARCHIVE`) are restored first.
 set -euo pipefail
@@ -20,7 +21,7 @@ consts() { "$PY" -c "from benchmarks.staleness import protocol as p; print(' '.j
 
 # a held-out run counts only from a clean commit (provenance.same_origin): run the study from a checkout with no
 # uncommitted edits, e.g. `git worktree add ../study HEAD`
-if [[ "$STAGE" == *heldout ]] && [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+if [[ "$STAGE" == *heldout || "$STAGE" == replay_pipeline ]] && [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
     echo "STAGE=$STAGE runs from a tree with uncommitted edits: its runs would not count (docs/evidence/protocol.md);" \
         "commit them, or run from a clean checkout (git worktree add ../study HEAD)" >&2
     exit 1
@@ -111,6 +112,21 @@ elif [[ "$STAGE" == threshold_dev || "$STAGE" == threshold_heldout ]]; then
     done
     if [[ "$STAGE" == threshold_dev ]]; then "$PY" -m benchmarks.staleness.threshold_sweep power "$stage"
     else "$PY" -m benchmarks.staleness.threshold_sweep report "$stage"; fi
+elif [[ "$STAGE" == replay_pipeline ]]; then
+    # protocol.md, section 5: its three configurations through the fully-async CPU script on its held-out seeds, at
+    # the threshold section 6 supports (read from section 6's finished held-out stage), seed by seed
+    archive="${ARCHIVE:-docs/evidence/protocol}/$TASK"
+    "$PY" -m benchmarks.staleness.threshold_sweep restore "$archive/threshold_heldout" "$OUT/$TASK/threshold_heldout"
+    t=$("$PY" -m benchmarks.staleness.replay_pipeline threshold "$OUT/$TASK/threshold_heldout")
+    stage="$OUT/$TASK/replay_pipeline"
+    "$PY" -m benchmarks.staleness.threshold_sweep restore "$archive/replay_pipeline" "$stage"
+    for seed in $(consts REPLAY_HELDOUT_SEEDS); do
+        PYTHON="$PY" TASK="$TASK" LR="$LR" TRAIN_BATCH_SIZE=32 MINI_BATCH_SIZE=16 STALENESS_THRESHOLD="$t" STEPS=50 \
+            SEEDS="$seed" TRAINERS=fully_async CONFIGS="$(consts REPLAY_CONFIGS)" VERSUS="replay_off_e2" \
+            bash "$here/pipeline_check.sh" "$stage/t$t"
+    done
+    "$PY" -m benchmarks.staleness.replay_pipeline report "$stage"
 else
-    echo "STAGE must be dev, heldout, pipeline, replay_dev, replay_heldout, threshold_dev or threshold_heldout, got '$STAGE'" >&2; exit 1
+    echo "STAGE must be dev, heldout, pipeline, replay_dev, replay_heldout, replay_pipeline, threshold_dev or" \
+        "threshold_heldout, got '$STAGE'" >&2; exit 1
 fi

@@ -26,9 +26,9 @@ def test_runs_count_once_and_only_in_their_stages_plan(tmp_path):
     write(tmp_path / "chains/heldout/results.jsonl", [result("decoupled", 4, chains.HELDOUT_SEEDS[0]),
                                                       result("decoupled", 4, 7)])
     rows = progress.rows(tmp_path)
-    assert [done for _, done, _ in rows] == [2, 0, 2, 1, 1]
-    # by hand: 60 seeds x 3 configurations x s = 4, 8; 12 seeds x 3 configurations x 4 thresholds; sync at 3 rates x 3
-    # seeds, then sync + 2 x (decoupled, naive) on 8 seeds less the 3 sync runs done at the best rate; 4 seeds x
-    # (sync + 8 configurations x 2); 12 seeds x (sync + 4 configurations x 2)
-    assert [planned for _, _, planned in rows] == [360, 144, 3 * 3 + 8 * 5 - 3, 4 * (1 + 8 * 2), 12 * 9]
+    assert [done for _, done, _ in rows] == [2, 0, 0, 2, 1, 1]
+    # by hand: 60 seeds x 3 configurations x s = 4, 8; 60 seeds x 3 configurations at one threshold; 12 seeds x 3
+    # configurations x 4 thresholds; sync at 3 rates x 3 seeds, then sync + 2 x (decoupled, naive) on 8 seeds less
+    # the 3 sync runs done at the best rate; 4 seeds x (sync + 8 configurations x 2); 12 seeds x (sync + 4 x 2)
+    assert [planned for _, _, planned in rows] == [360, 180, 144, 3 * 3 + 8 * 5 - 3, 4 * (1 + 8 * 2), 12 * 9]
     assert progress.table(tmp_path).splitlines()[2] == f"| {rows[0][0]} | 2 | 360 |"

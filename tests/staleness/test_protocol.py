@@ -169,7 +169,9 @@ def test_archive_and_restore_keep_every_run(tmp_path):
     # the pipeline stage's runs are verl logs, archived by pipeline_report: never touched here
     (out / "scarce" / "pipeline").mkdir()
     (out / "scarce" / "pipeline" / "results.jsonl").write_text("{}\n")
-    assert all("pipeline" not in p.parts for p in protocol.archive(out, tmp_path / "archive"))
+    (out / "scarce" / "replay_pipeline" / "t4").mkdir(parents=True)  # and section 5's leg through fully-async
+    (out / "scarce" / "replay_pipeline" / "t4" / "results.jsonl").write_text("{}\n")
+    assert all(not part.endswith("pipeline") for p in protocol.archive(out, tmp_path / "archive") for part in p.parts)
     # so are the threshold sweep's (threshold_sweep archives them): a restore from an archive holding both works
     packed = tmp_path / "archive" / "scarce" / "threshold_dev" / "t1"
     packed.mkdir(parents=True)
