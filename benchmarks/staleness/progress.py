@@ -45,7 +45,7 @@ def rows(root: Path) -> list[tuple[str, int, int]]:
                  for folder in sorted((root / "validation" / "chains").glob("lr*"))
                  for r in load_results(folder / "results.jsonl")}
     dev = _cells(chains.DEV_CONFIGS, protocol.STALENESS, chains.DEV_SEEDS)
-    # held out: sync once a seed, four configurations (three baselines' others and the two chosen) at s = 4 and 8
+    # held out: sync once a seed; decoupled PPO, replay off and the two chosen at s = 4 and 8
     heldout = len(chains.HELDOUT_SEEDS) * (1 + 4 * len(protocol.STALENESS))
     scarce, chain = root / "scarce", root / "chains"
     return [
