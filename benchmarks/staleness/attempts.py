@@ -44,10 +44,21 @@ def summary(path: Path) -> str:
             f"{started - finished - failed} interrupted or running; {again} run(s) started more than once")
 
 
-def pack(source: Path, target: Path) -> Path:
-    """SOURCE (an attempts.jsonl) as TARGET (.jsonl.gz), byte for byte."""
+def pack(source: Path, target: Path, results: list[dict[str, Any]] = ()) -> Path:
+    """SOURCE (an attempts.jsonl) as TARGET (.jsonl.gz). A finished line without provenance (written by a study
+    process from before finishes carried it) takes its run's result record's: the same run, so the same origin."""
+    origin = {json.dumps([r["method_name"], r["staleness"], r["seed"], r.get("common")]): r.get("provenance")
+              for r in results}
+    lines = []
+    for line in source.read_text().splitlines():
+        entry = json.loads(line) if line.strip() else None
+        if entry and entry.get("event") == "finished" and not entry.get("provenance") and "method_name" in entry:
+            found = origin.get(json.dumps([entry["method_name"], entry["staleness"], entry["seed"], entry.get("common")]))
+            if found:
+                line = json.dumps({**entry, "provenance": found})
+        lines.append(line)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(gzip.compress(source.read_bytes(), mtime=0))
+    target.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
     return target
 
 

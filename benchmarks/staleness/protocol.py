@@ -468,7 +468,8 @@ def archive(out: Path, folder: Path) -> list[Path]:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(gzip.compress(source.read_bytes(), mtime=0))
         written.append(target)
-    return written + [attempts.pack(source, folder / source.relative_to(out).with_suffix(".jsonl.gz"))
+    return written + [attempts.pack(source, folder / source.relative_to(out).with_suffix(".jsonl.gz"),
+                                    load_results(source.with_name("results.jsonl")))
                       for source in _studies(out, attempts.NAME)]
 
 

@@ -403,3 +403,18 @@ def test_replay_heldout_report_waits_for_whole_seeds_then_says_what_follows():
     assert f"the preset becomes {off}" in replay_heldout_report(runs(0.0))
     partial = replay_heldout_report(gain[:-1])  # the last seed lacks one run: no table yet
     assert partial == "59 of 60 held-out seeds have their six runs; the table follows once all have them.\n"
+
+
+def test_a_finished_attempt_without_provenance_takes_its_result_records(tmp_path):
+    """A finished line written without provenance is archived with its run's result record's provenance."""
+    out = tmp_path / "runs" / "scarce" / "study"
+    out.mkdir(parents=True)
+    rec = run("darl", 4, 1, 0.6)
+    (out / "results.jsonl").write_text(json.dumps(rec) + "\n")
+    line = {"event": "finished", "method_name": "darl", "staleness": 4, "seed": 1, "common": rec["common"], "time": "t"}
+    (out / "attempts.jsonl").write_text(json.dumps(line) + "\n")
+    protocol.archive(tmp_path / "runs", tmp_path / "archive")
+    import gzip
+
+    packed = tmp_path / "archive" / "scarce" / "study" / "attempts.jsonl.gz"
+    assert json.loads(gzip.decompress(packed.read_bytes()))["provenance"] == ORIGIN
