@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.staleness import protocol
-from benchmarks.staleness.run_study import load_results
+from benchmarks.staleness.run_study import study_results
 
 # stage 1, the validation (validate.sh): sync at each rate over SYNC_SEEDS, then at sync's best rate decoupled PPO and
 # naive async at s = 4 and 8 beside sync over STALE_SEEDS
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     for q in (d, h):
         q.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    results = load_results(args.study / "results.jsonl")
+    results = study_results(args.study)
     text = development_report(results) if args.command == "dev" else \
         heldout_report(results, args.preset, args.alternative)
     print(text)

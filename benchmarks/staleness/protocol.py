@@ -29,7 +29,7 @@ from typing import Any, Iterable
 from benchmarks.staleness import attempts
 from benchmarks.staleness.paired import detectable_effect, holm, mean_std, paired, seeds_for_power
 from benchmarks.staleness.provenance import same_origin
-from benchmarks.staleness.run_study import METHODS, load_results, run_key
+from benchmarks.staleness.run_study import METHODS, load_results, run_key, study_results
 
 DEV_SEEDS = tuple(range(8))
 HELDOUT_SEEDS = (1344, 1808, 2321, 4368, 5458, 6024, 6336, 6750, 7613, 8324, 9586, 9637)
@@ -555,7 +555,7 @@ def main(argv=None) -> int:
         if args.out:
             args.out.write_text(text)
         return 0
-    results = load_results(args.study / "results.jsonl")
+    results = study_results(args.study)
     if args.command == "choose":
         text = development_report(results)
     elif args.command == "replay-power":

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.staleness.harness import HarnessConfig, run
-from benchmarks.staleness.run_study import load_results
+from benchmarks.staleness.run_study import study_results
 
 # keys of retired designs, and the value under which a run did not use them
 RETIRED = {"success": False, "success_max_age": None, "max_score": None, "prompt_replay_budget": "extra",
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("archive", type=Path, help="a study folder holding results.jsonl(.gz)")
     p.add_argument("runs", nargs="+", help="method_name:staleness:seed")
     args = p.parse_args(argv)
-    records = load_results(args.archive / "results.jsonl")
+    records = study_results(args.archive)
     same = True
     for spec in args.runs:
         name, staleness, seed = spec.split(":")

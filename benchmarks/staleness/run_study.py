@@ -104,6 +104,15 @@ def load_results(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def study_results(folder: Path) -> list[dict[str, Any]]:
+    """The runs of a study folder, for the report commands: a folder without results.jsonl(.gz) is an error naming
+    it, where load_results (which a study resuming from nothing also calls) returns no runs."""
+    if not (folder / "results.jsonl").exists() and not (folder / "results.jsonl.gz").exists():
+        raise SystemExit(f"{folder}: no results.jsonl or results.jsonl.gz here; pass a study's folder "
+                         "(for example runs/protocol/scarce/replay_heldout)")
+    return load_results(folder / "results.jsonl")
+
+
 # ---- report ---------------------------------------------------------------------------------
 
 def _mean_std(values: list[float]) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.staleness.paired import mean_std, paired
-from benchmarks.staleness.run_study import load_results
+from benchmarks.staleness.run_study import study_results
 
 PRESET = "darl"
 BASELINES = ("decoupled", "naive", "sync", "gates_only", "equal_update", "darl_no_prompt")
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         source = args.study / "results.jsonl.gz" if (args.study / "results.jsonl.gz").exists() else args.study
         text = pipeline_table(pipeline_headline(load_runs(source)))
     else:
-        text = table(headline(load_results(args.study / "results.jsonl"), args.min_seeds))
+        text = table(headline(study_results(args.study), args.min_seeds))
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -154,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("source", type=Path, nargs="?", help="a stage's folder, or its archive folder")
     p.add_argument("dest", type=Path, nargs="?", help="archive: where to; restore: the stage's folder")
     args = p.parse_args(argv)
+    if args.command in ("power", "report") and not any((args.source / folder(t)).is_dir() for t in THRESHOLDS):
+        p.error(f"{args.source} holds no threshold folder ({', '.join(folder(t) for t in THRESHOLDS)}): pass the "
+                "stage's folder, for example runs/protocol/scarce/threshold_heldout")
     if args.command == "power":
         print(power(results(args.source)))
     elif args.command == "report":

@@ -418,3 +418,16 @@ def test_a_finished_attempt_without_provenance_takes_its_result_records(tmp_path
 
     packed = tmp_path / "archive" / "scarce" / "study" / "attempts.jsonl.gz"
     assert json.loads(gzip.decompress(packed.read_bytes()))["provenance"] == ORIGIN
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("protocol", ["replay-heldout"]), ("chains_study", ["dev"]), ("targets", []), ("reproduce", [])])
+def test_a_report_on_a_folder_without_results_names_the_folder(tmp_path, module, argv):
+    """A report pointed at a folder that is not a study's (the archive's root, say) stops naming it, instead of
+    printing "0 of N seeds" as if no run had finished."""
+    import importlib
+
+    main = importlib.import_module(f"benchmarks.staleness.{module}").main
+    extra = ["sync:0:0"] if module == "reproduce" else []
+    with pytest.raises(SystemExit, match=re.escape(str(tmp_path)) + ": no results.jsonl"):
+        main([*argv, str(tmp_path), *extra])

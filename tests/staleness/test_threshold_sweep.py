@@ -128,3 +128,14 @@ def test_a_threshold_with_only_attempts_has_no_runs_yet(tmp_path):
     (tmp_path / "t2").mkdir()
     (tmp_path / "t2" / "attempts.jsonl.gz").write_bytes(b"")
     assert sweep.results(tmp_path) == []
+
+
+def test_a_report_on_a_folder_without_threshold_folders_names_it(tmp_path, capsys):
+    (tmp_path / "t3").mkdir()  # not a threshold of the sweep
+    try:
+        sweep.main(["report", str(tmp_path)])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("report ran on a folder with no threshold folder")
+    assert f"{tmp_path} holds no threshold folder (t0.5, t1, t2, t4)" in capsys.readouterr().err
