@@ -5,6 +5,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from benchmarks.staleness import pipeline_report, threshold_sweep as sweep
 from benchmarks.staleness.paired import seeds_for_power
 
@@ -132,10 +134,7 @@ def test_a_threshold_with_only_attempts_has_no_runs_yet(tmp_path):
 
 def test_a_report_on_a_folder_without_threshold_folders_names_it(tmp_path, capsys):
     (tmp_path / "t3").mkdir()  # not a threshold of the sweep
-    try:
+    with pytest.raises(SystemExit) as stop:
         sweep.main(["report", str(tmp_path)])
-    except SystemExit as e:
-        assert e.code == 2
-    else:
-        raise AssertionError("report ran on a folder with no threshold folder")
+    assert stop.value.code == 2
     assert f"{tmp_path} holds no threshold folder (t0.5, t1, t2, t4)" in capsys.readouterr().err
