@@ -44,16 +44,21 @@ def summary(path: Path) -> str:
             f"{started - finished - failed} interrupted or running; {again} run(s) started more than once")
 
 
+def run_key(method: str, staleness: int, seed: int, common: dict[str, Any]) -> str:
+    """The identity of a harness run: its method, staleness, seed and the settings every run of its study shares."""
+    return json.dumps([method, staleness, seed, sorted((common or {}).items())])
+
+
 def pack(source: Path, target: Path, results: list[dict[str, Any]] = ()) -> Path:
     """SOURCE (an attempts.jsonl) as TARGET (.jsonl.gz). A finished line without provenance (written by a study
     process from before finishes carried it) takes its run's result record's: the same run, so the same origin."""
-    origin = {json.dumps([r["method_name"], r["staleness"], r["seed"], r.get("common")]): r.get("provenance")
+    origin = {run_key(r["method_name"], r["staleness"], r["seed"], r.get("common")): r.get("provenance")
               for r in results}
     lines = []
     for line in source.read_text().splitlines():
         entry = json.loads(line) if line.strip() else None
         if entry and entry.get("event") == "finished" and not entry.get("provenance") and "method_name" in entry:
-            found = origin.get(json.dumps([entry["method_name"], entry["staleness"], entry["seed"], entry.get("common")]))
+            found = origin.get(run_key(entry["method_name"], entry["staleness"], entry["seed"], entry.get("common")))
             if found:
                 line = json.dumps({**entry, "provenance": found})
         lines.append(line)

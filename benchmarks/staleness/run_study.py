@@ -32,6 +32,7 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads (the harness imports it)
 
 from benchmarks.staleness import attempts  # noqa: E402
+from benchmarks.staleness.attempts import run_key  # noqa: E402
 from benchmarks.staleness.harness import TASKS, preset_overrides  # noqa: E402
 from recipe.darl.config import presets  # noqa: E402
 
@@ -71,10 +72,6 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
         raise
     result.update(method_name=spec["method_name"], staleness=spec["staleness"], seed=spec["seed"])
     return result
-
-
-def run_key(method: str, staleness: int, seed: int, common: dict[str, Any]) -> str:
-    return json.dumps([method, staleness, seed, sorted(common.items())])
 
 
 def planned_runs(methods: list[str], stalenesses: list[int], seeds: list[int], common: dict[str, Any],
