@@ -44,7 +44,7 @@ def summary(path: Path) -> str:
             f"{started - finished - failed} interrupted or running; {again} run(s) started more than once")
 
 
-def run_key(method: str, staleness: int, seed: int, common: dict[str, Any]) -> str:
+def run_key(method: str, staleness: int, seed: int, common: dict[str, Any] | None) -> str:
     """The identity of a harness run: its method, staleness, seed and the settings every run of its study shares."""
     return json.dumps([method, staleness, seed, sorted((common or {}).items())])
 
