@@ -287,7 +287,10 @@ def test_preset_cost_sh_smallest_run(tmp_path):
     (row,) = [line for line in out.splitlines() if line.startswith("| 1 |")]
     cells = row.strip("| ").split(" | ")
     assert all(0 < float(c) < 600 for c in cells[1:4]), row
-    assert all(0.2 < float(c.rstrip("x")) < 5 for c in cells[4:6]), row
+    decoupled, equal_update, preset = (float(c) for c in cells[1:4])
+    # a 3-step run's step times are one noisy sample each, so the ratios are checked against the cells, not a range
+    for cell, ratio in zip(cells[4:6], (preset / decoupled, preset / equal_update)):
+        assert float(cell.rstrip("x")) == pytest.approx(ratio, rel=0.03, abs=0.01), row
     assert 0 < float(cells[6]) <= 16, row  # groups the preset trained in a step of 16
 
 
