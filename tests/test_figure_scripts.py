@@ -286,8 +286,8 @@ def test_preset_cost_sh_smallest_run(tmp_path):
     out = run(["bash", "benchmarks/preset_cost.sh", tmp_path], SEEDS="1", STEPS="3", ROLLOUT="hf", timeout=1800)
     (row,) = [line for line in out.splitlines() if line.startswith("| 1 |")]
     cells = row.strip("| ").split(" | ")
-    assert all(0 < float(c) < 600 for c in cells[1:4]), row
     decoupled, equal_update, preset = (float(c) for c in cells[1:4])
+    assert all(0 < step < 600 for step in (decoupled, equal_update, preset)), row
     # a 3-step run's step times are one noisy sample each, so the ratios are checked against the cells, not a range
     for cell, ratio in zip(cells[4:6], (preset / decoupled, preset / equal_update)):
         assert float(cell.rstrip("x")) == pytest.approx(ratio, rel=0.03, abs=0.01), row
