@@ -420,6 +420,34 @@ def test_a_finished_attempt_without_provenance_takes_its_result_records(tmp_path
     assert json.loads(gzip.decompress(packed.read_bytes()))["provenance"] == ORIGIN
 
 
+def test_an_event_archived_and_restored_counts_once(tmp_path):
+    """A finish written without provenance, archived (which adds it) and restored into the same file, is one event:
+    the archive holds it once, a restore appends nothing, and the summary counts one start and one finish."""
+    import gzip
+
+    from benchmarks.staleness.attempts import summary
+
+    out = tmp_path / "runs" / "scarce" / "study"
+    out.mkdir(parents=True)
+    rec = run("darl", 4, 1, 0.6)
+    (out / "results.jsonl").write_text(json.dumps(rec) + "\n")
+    run_id = {"method_name": "darl", "staleness": 4, "seed": 1, "common": rec["common"]}
+    bare = json.dumps({"event": "finished", **run_id, "time": "t1"})
+    (out / "attempts.jsonl").write_text(json.dumps({"event": "started", **run_id, "time": "t0"}) + "\n" + bare + "\n")
+    protocol.archive(tmp_path / "runs", tmp_path / "archive")
+    protocol.restore(tmp_path / "archive", tmp_path / "runs")  # the archive's copy of the finish carries provenance
+    packed = tmp_path / "archive" / "scarce" / "study" / "attempts.jsonl.gz"
+    assert len(gzip.decompress(packed.read_bytes()).decode().splitlines()) == 2
+    assert len((out / "attempts.jsonl").read_text().splitlines()) == 2
+    (out / "attempts.jsonl").write_text((out / "attempts.jsonl").read_text() + gzip.decompress(
+        packed.read_bytes()).decode().splitlines()[1] + "\n")  # both copies of the finish in one file
+    assert summary(out / "attempts.jsonl") == (
+        "attempts: 1 started, 1 finished, 0 failed, 0 interrupted or running; 0 run(s) started more than once")
+    protocol.archive(tmp_path / "runs", tmp_path / "archive")
+    lines = gzip.decompress(packed.read_bytes()).decode().splitlines()
+    assert len(lines) == 2 and json.loads(lines[1])["provenance"] == ORIGIN
+
+
 @pytest.mark.parametrize("module, argv", [
     ("protocol", ["replay-heldout"]), ("chains_study", ["dev"]), ("targets", []), ("reproduce", [])])
 def test_a_report_on_a_folder_without_results_names_the_folder(tmp_path, module, argv):
