@@ -2,13 +2,14 @@
 and the core example that runs as written."""
 
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks.staleness.run_study import load_results
+from benchmarks.staleness.run_study import load_results, step_mean
 from benchmarks.staleness.pipeline_report import load_runs
 from benchmarks.staleness.targets import headline, pipeline_headline, pipeline_table, table
 
@@ -144,13 +145,31 @@ def test_the_pipeline_block_is_the_archive():
     assert all(line in README.read_text() for line in family)
 
 
-def test_the_validation_table_is_the_archive():
-    """docs/evidence.md's validation block is what benchmarks/staleness/validation.py computes from the archived runs."""
+@pytest.mark.parametrize("tag, testbed", [("validation", "scarce"), ("chains_validation", "chains")])
+def test_the_validation_table_is_the_archive(tag, testbed):
+    """docs/evidence.md's validation blocks, one a testbed, are what benchmarks/staleness/validation.py computes from
+    the archived runs."""
     from benchmarks.staleness.validation import report
 
     text = (ROOT / "docs" / "evidence.md").read_text()
-    block = text.split("<!-- validation -->\n", 1)[1].split("\n<!-- /validation -->", 1)[0]
-    assert block.strip() == report(ROOT / "docs" / "evidence" / "protocol" / "validation" / "scarce").strip()
+    block = text.split(f"<!-- {tag} -->\n", 1)[1].split(f"\n<!-- /{tag} -->", 1)[0]
+    assert block.strip() == report(ROOT / "docs" / "evidence" / "protocol" / "validation" / testbed).strip()
+
+
+def test_the_two_testbeds_mismatch_is_the_archive():
+    """The chains section's mismatch figures (decoupled PPO at s = 4 and 8 at each testbed's validated rate: mean
+    per-step chi-square and ESS fraction over seeds) are what the archived validation runs hold."""
+    def means(folder: str, key: str) -> list[float]:
+        runs = load_results(ROOT / "docs/evidence/protocol/validation" / folder / "results.jsonl.gz")
+        return [statistics.fmean(step_mean(r, key) for r in runs
+                                 if r["method_name"] == "decoupled" and r["staleness"] == s) for s in (4, 8)]
+
+    chi_c, chi_s = means("chains/lr3e-05", "chi2_trained"), means("scarce/lr0.0002", "chi2_trained")
+    ess_c, ess_s = means("chains/lr3e-05", "ess_fraction"), means("scarce/lr0.0002", "ess_fraction")
+    text = " ".join((ROOT / "docs" / "evidence.md").read_text().split())
+    assert (f"is {chi_c[0]:.3f} and {chi_c[1]:.3f} (s = 4, 8), against {chi_s[0]:.1f} and {chi_s[1]:.1f} on sums; "
+            f"the effective sample size fraction is {ess_c[0]:.3f} and {ess_c[1]:.3f}, against {ess_s[0]:.3f} and "
+            f"{ess_s[1]:.3f}") in text
 
 
 def test_the_metric_ranges_are_the_logs():

@@ -4,7 +4,8 @@
     python -m benchmarks.staleness.progress runs/protocol            # a study folder, while its stages run
 
 A run counts once it is finished and belongs to its stage's plan (its configuration, staleness and seed); the plan is
-the stage's constants, so the table says how much is left before each held-out report prints its table.
+the stage's constants, so the table says how much is left before each held-out report prints its table. A whole chains
+validation in which staleness does not hurt ends section 7 there: its later stages are listed as not run.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Iterable
 
 from benchmarks.staleness import chains_study as chains
 from benchmarks.staleness import protocol, threshold_sweep
+from benchmarks.staleness import validation as regime
 from benchmarks.staleness.run_study import cell_staleness, load_results
 
 
@@ -41,14 +43,17 @@ def rows(root: Path) -> list[tuple[str, int, int]]:
     sync_runs = len(chains.LRS) * len(chains.SYNC_SEEDS)
     stale_runs = len(_cells(("sync", "decoupled", "naive"), protocol.STALENESS, chains.STALE_SEEDS))
     validation = sync_runs + stale_runs - len(set(chains.SYNC_SEEDS) & set(chains.STALE_SEEDS))
-    validated = {(r["common"]["lr"], r["method_name"], r["staleness"], r["seed"])
-                 for folder in sorted((root / "validation" / "chains").glob("lr*"))
-                 for r in load_results(folder / "results.jsonl")}
+    chains_validation = root / "validation" / "chains"
+    validation_done = {(r["common"]["lr"], r["method_name"], r["staleness"], r["seed"])
+                       for folder in sorted(chains_validation.glob("lr*"))
+                       for r in load_results(folder / "results.jsonl")}
+    # protocol.md, section 7: where staleness does not hurt, no method comparison runs on the testbed
+    chains_stopped = len(validation_done) >= validation and not regime.validated(chains_validation)
     dev = _cells(chains.DEV_CONFIGS, protocol.STALENESS, chains.DEV_SEEDS)
     # held out: sync once a seed; decoupled PPO, replay off and the two chosen at s = 4 and 8
     heldout = len(chains.HELDOUT_SEEDS) * (1 + 4 * len(protocol.STALENESS))
     scarce, chain = root / "scarce", root / "chains"
-    return [
+    out = [
         ("section 5, replay's own share: held-out runs (harness)",
          _finished(load_results(scarce / "replay_heldout" / "results.jsonl"), replay), len(replay)),
         ("section 5, replay's own share: held-out launches (fully-async)",
@@ -56,7 +61,12 @@ def rows(root: Path) -> list[tuple[str, int, int]]:
          len(protocol.REPLAY_CONFIGS) * len(protocol.REPLAY_HELDOUT_SEEDS)),
         ("section 6, where the preset starts to pay: held-out launches (fully-async)",
          _finished(threshold_sweep.results(scarce / "threshold_heldout"), sweep), len(sweep)),
-        ("section 7, chains testbed: validation runs", len(validated), validation),
+        ("section 7, chains testbed: validation runs", len(validation_done), validation),
+    ]
+    if chains_stopped:
+        return out + [("section 7, chains testbed: development and held-out runs (not run: staleness does not hurt "
+                       "there)", 0, 0)]
+    return out + [
         ("section 7, chains testbed: development runs",
          _finished(load_results(chain / "dev" / "results.jsonl"), dev), len(dev)),
         ("section 7, chains testbed: held-out runs",

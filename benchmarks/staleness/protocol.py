@@ -386,23 +386,28 @@ FRACTIONS = (0.25, 0.5, 1.0)  # of the shortest run on each axis (docs/evidence/
 def two_axes(results: list[dict[str, Any]], names: Iterable[str], s: int, seeds: Iterable[int]) -> str:
     """The secondary figures of the configurations `names` at staleness `s` (sync at 0), mean +- std over `seeds`:
     final accuracy, median step time relative to decoupled PPO's, generated samples to reach decoupled PPO's mean
-    final accuracy; then accuracy at equal generated samples, gradient steps and wall time, at 25%, 50% and 100% of
-    the least any run of the table reached on that axis."""
+    final accuracy (none where that final is not above decoupled PPO's mean first evaluation); then accuracy at
+    equal generated samples, gradient steps and wall time, at 25%, 50% and 100% of the least any run of the table
+    reached on that axis."""
     cells = finals_by_cell(results, seeds)
     rows = {n: list(cells.get((0 if n == "sync" else s, n), {}).values()) for n in names}
     rows = {n: runs for n, runs in rows.items() if runs}
     ref = rows.get("decoupled")
     ref_step = statistics.median(r["step_time_mean"] for r in ref) if ref else None
     ref_final = statistics.fmean(r["final_accuracy"] for r in ref) if ref else None
-    lines = [f"| s = {s} | runs | final | step time / decoupled's | samples to decoupled's final (runs reaching it) |",
-             "|---|---|---|---|---|"]
+    # where decoupled PPO ends at or below where it started, every run "reaches" its final at step 0: no figure
+    if ref and ref_final <= statistics.fmean(r["evals"][0]["accuracy"] for r in ref):
+        ref_final = None
+    reach_head = ("samples to decoupled's final (runs reaching it)" if ref_final is not None
+                  else "samples to decoupled's final (none: it ends at or below its start)")
+    lines = [f"| s = {s} | runs | final | step time / decoupled's | {reach_head} |", "|---|---|---|---|---|"]
     for n, runs in rows.items():
         step = f"{statistics.median(r['step_time_mean'] for r in runs) / ref_step:.2f}x" if ref_step else "-"
         reach = [next((e["samples"] for e in r["evals"] if e["accuracy"] >= ref_final), None) for r in runs] \
             if ref_final is not None else []
         hit = [x for x in reach if x is not None]
-        lines.append(f"| {n} | {len(runs)} | {mean_std([r['final_accuracy'] for r in runs])} | {step} | "
-                     f"{f'{statistics.fmean(hit):.0f}' if hit else '-'} ({len(hit)}) |")
+        cell = "-" if ref_final is None else f"{f'{statistics.fmean(hit):.0f}' if hit else '-'} ({len(hit)})"
+        lines.append(f"| {n} | {len(runs)} | {mean_std([r['final_accuracy'] for r in runs])} | {step} | {cell} |")
     for axis in AXES:
         end = min(curve(r, axis)[0][-1] for runs in rows.values() for r in runs)
         what, unit = {"samples": ("samples", "samples"), "updates": ("gradient steps", "gradient steps"),

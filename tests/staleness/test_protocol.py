@@ -255,6 +255,12 @@ def test_accuracy_at_equal_samples_gradient_steps_and_wall_time_by_hand(tmp_path
     assert "| equal_update | 0.350 | 0.500 | 0.700 |" in table  # samples: 1280 (halfway to step 10), 2560, 5120
     assert "| equal_update | 0.275 | 0.350 | 0.500 |" in table  # gradient steps: 5, 10, 20
     assert "| s = 4, equal wall time | at 25 s | at 50 s | at 100 s |" in table
+    # decoupled PPO ending below its start (0.2 -> 0.1): every run would "reach" it at step 0, so the column is empty
+    fell = {**one, "final_accuracy": 0.1, "evals": [{**e, "accuracy": a} for e, a in zip(one["evals"], [0.2, 0.15, 0.1])]}
+    table = protocol.two_axes([fell, two], ["decoupled", "equal_update"], 4, [0])
+    assert "| s = 4 | runs | final | step time / decoupled's | samples to decoupled's final (none: it ends at or below " \
+        "its start) |" in table
+    assert "| equal_update | 1 | 0.700 | 1.60x | - |" in table
     # the same comparison as a figure: three panels, one curve per configuration
     import matplotlib.image
 
