@@ -29,7 +29,7 @@ from typing import Any, Iterable
 from benchmarks.staleness import attempts
 from benchmarks.staleness.paired import detectable_effect, holm, mean_std, paired, seeds_for_power
 from benchmarks.staleness.provenance import same_origin
-from benchmarks.staleness.run_study import METHODS, load_results, run_key, study_results
+from benchmarks.staleness.run_study import METHODS, load_results, run_key, samples_to_reach, study_results
 
 DEV_SEEDS = tuple(range(8))
 HELDOUT_SEEDS = (1344, 1808, 2321, 4368, 5458, 6024, 6336, 6750, 7613, 8324, 9586, 9637)
@@ -403,10 +403,10 @@ def two_axes(results: list[dict[str, Any]], names: Iterable[str], s: int, seeds:
     lines = [f"| s = {s} | runs | final | step time / decoupled's | {reach_head} |", "|---|---|---|---|---|"]
     for n, runs in rows.items():
         step = f"{statistics.median(r['step_time_mean'] for r in runs) / ref_step:.2f}x" if ref_step else "-"
-        reach = [next((e["samples"] for e in r["evals"] if e["accuracy"] >= ref_final), None) for r in runs] \
-            if ref_final is not None else []
-        hit = [x for x in reach if x is not None]
-        cell = "-" if ref_final is None else f"{f'{statistics.fmean(hit):.0f}' if hit else '-'} ({len(hit)})"
+        cell = "-"
+        if ref_final is not None:
+            hit = [x for x in (samples_to_reach(r["evals"], ref_final) for r in runs) if x is not None]
+            cell = f"{f'{statistics.fmean(hit):.0f}' if hit else '-'} ({len(hit)})"
         lines.append(f"| {n} | {len(runs)} | {mean_std([r['final_accuracy'] for r in runs])} | {step} | {cell} |")
     for axis in AXES:
         end = min(curve(r, axis)[0][-1] for runs in rows.values() for r in runs)
