@@ -36,7 +36,7 @@ from typing import Any
 
 from benchmarks.staleness.paired import paired
 from benchmarks.staleness.provenance import same_origin
-from benchmarks.staleness.run_study import _curve, _mean_std, collapse_events, samples_to_reach
+from benchmarks.staleness.run_study import _curve, _mean_std, collapse_events, reach_target, samples_to_reach
 from recipe.darl.example.arithmetic import VAL_KEY
 from recipe.darl.robustness.run_records import LAUNCHES_FILE
 
@@ -183,14 +183,19 @@ def report(runs: list[dict[str, Any]], out: Path | None, samples_per_step: int =
                   "| config | what | final per seed | final, mean ± std | best, mean | lowest after start | "
                   + " | ".join(f"minus {v}" + (", points (paired, [95% interval])" if i == 0 else "")
                                for i, v in enumerate(versus))
-                  + " | samples to decoupled's final (per seed) | step time (s, median) / decoupled's |",
+                  + " | samples to decoupled's final (per seed; n/a: it ends at or below its start)"
+                  + " | step time (s, median) / decoupled's |",
                   "|---|---|---|---|---|---|" + "---|" * (len(versus) + 2)]
         for c in configs:
             seeds = sorted(cell[c])
             reach = []
             for s in seeds:
                 if s in base and base[s]["evals"] and base[s]["evals"][-1]["samples"]:
-                    got = samples_to_reach(cell[c][s]["evals"], base[s]["final_accuracy"])
+                    target = reach_target(base[s])
+                    if target is None:  # that seed's decoupled run ends at or below its start
+                        reach.append("n/a")
+                        continue
+                    got = samples_to_reach(cell[c][s]["evals"], target)
                     total = base[s]["evals"][-1]["samples"]
                     reach.append("-" if got is None else f"{got / total:.2f}x")
             times = [cell[c][s]["step_time"] for s in seeds]

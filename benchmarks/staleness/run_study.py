@@ -122,10 +122,18 @@ def _mean_std(values: list[float]) -> str:
 
 
 def samples_to_reach(evals: list[dict[str, Any]], target: float) -> float | None:
+    """Generated samples at the first evaluation at or above `target`; None if none is."""
     for e in evals:
         if e["accuracy"] >= target:
             return e["samples"]
     return None
+
+
+def reach_target(reference: dict[str, Any]) -> float | None:
+    """A reference run's final accuracy as a target to reach, or None where that run ends at or below
+    where it started: every run would "reach" such a final at step 0, so it gives no figure."""
+    evals = reference["evals"]
+    return reference["final_accuracy"] if evals and reference["final_accuracy"] > evals[0]["accuracy"] else None
 
 
 def step_mean(result: dict[str, Any], key: str) -> float:
@@ -164,17 +172,20 @@ def report(results: list[dict[str, Any]], out: Path) -> str:
     stability = ["| s | method | grad norm | clip frac | chi2 trained | ESS frac | trained staleness | reuse | pmis mixed | collapses |",
                  "|---|---|---|---|---|---|---|---|---|---|"]
     for s in stalenesses:
-        ref_final = {r["seed"]: r["final_accuracy"] for r in by_cell.get((s, "decoupled"), [])}
+        ref_target = {r["seed"]: reach_target(r) for r in by_cell.get((s, "decoupled"), [])}
         for m in methods:
             runs = by_cell.get((s, m), [])
             if not runs:
                 continue
-            reach = []
-            for r in runs:
-                target = ref_final.get(r["seed"])
-                reach.append(None if target is None else samples_to_reach(r["evals"], target))
-            reached = [x for x in reach if x is not None]
-            reach_txt = (_mean_std(reached) + (f" ({len(reached)}/{len(reach)})" if len(reached) < len(reach) else "")) if reached else "not reached"
+            targets = [(r, ref_target[r["seed"]]) for r in runs if ref_target.get(r["seed"]) is not None]
+            reached = [x for x in (samples_to_reach(r["evals"], t) for r, t in targets) if x is not None]
+            if not targets:
+                reach_txt = "- (decoupled ends at or below its start)" if ref_target else "-"
+            elif reached:
+                partial = f" ({len(reached)}/{len(targets)})" if len(reached) < len(targets) else ""
+                reach_txt = _mean_std(reached) + partial
+            else:
+                reach_txt = "not reached"
             mean = lambda key: _mean_std([step_mean(r, key) for r in runs])  # noqa: E731
             accuracy.append(
                 f"| {s} | {m} | {len(runs)} | {_mean_std([r['initial_accuracy'] for r in runs])} | "

@@ -231,6 +231,29 @@ def test_run_and_report(model_dir, tmp_path):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000, png
 
 
+def _hand_run(method: str, seed: int, accs: list[float]) -> dict:
+    """A study record with evaluations every 100 samples and 1 s steps."""
+    evals = [{"step": i, "samples": 100 * i, "wall": float(i), "accuracy": a} for i, a in enumerate(accs)]
+    return {"method_name": method, "staleness": 4, "seed": seed, "evals": evals, "initial_accuracy": accs[0],
+            "final_accuracy": accs[-1], "best_accuracy": max(accs),
+            "steps": [{"time_gen": 0.5, "time_train": 0.5}] * 4}
+
+
+def test_samples_to_decoupled_final_by_hand(tmp_path):
+    # seed 0: decoupled ends at 0.4 from 0.2; darl reaches 0.4 at 100 samples, equal_update at 300, naive never.
+    # seed 1: decoupled ends at its start, 0.2: every run would "reach" it at step 0, so no figure
+    runs = [_hand_run("decoupled", 0, [0.2, 0.3, 0.3, 0.4]), _hand_run("darl", 0, [0.2, 0.45, 0.5, 0.5]),
+            _hand_run("equal_update", 0, [0.2, 0.3, 0.35, 0.4]), _hand_run("naive", 0, [0.2, 0.1, 0.1, 0.1]),
+            _hand_run("decoupled", 1, [0.2, 0.3, 0.1, 0.2]), _hand_run("darl", 1, [0.2, 0.3, 0.4, 0.4])]
+    rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[1:-1]]
+            for line in report(runs, tmp_path).splitlines() if line.startswith("| 4 |") and "±" in line}
+    assert rows["darl"][6] == "100 ± 0"  # seed 1 has no target: one run of one reaches it, so no "(1/2)"
+    assert rows["equal_update"][6] == "300 ± 0" and rows["naive"][6] == "not reached"
+    only_seed1 = report([r for r in runs if r["seed"] == 1], tmp_path)
+    row = next(line for line in only_seed1.splitlines() if line.startswith("| 4 | darl |"))
+    assert "- (decoupled ends at or below its start)" in row
+
+
 def _all_wrong_from(h, step: int) -> None:
     """Every response of steps >= `step` scores 0: their groups have no advantage, so a returning prompt's history
     group trains in each one's place."""

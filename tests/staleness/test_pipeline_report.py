@@ -22,8 +22,8 @@ CURVES = {
 }
 
 
-def _write_runs(root: Path) -> None:
-    for (cfg, seed), accs in CURVES.items():
+def _write_runs(root: Path, curves: dict = CURVES) -> None:
+    for (cfg, seed), accs in curves.items():
         d = root / "one_step_off" / f"seed{seed}" / cfg
         d.mkdir(parents=True)
         lines = []
@@ -69,6 +69,15 @@ def test_report_by_hand(tmp_path):
     assert "+5.0 (1 seed)" in line and "nan" not in one
     assert (tmp_path / "out" / "accuracy_vs_samples_one_step_off.png").stat().st_size > 0
     assert (tmp_path / "out" / "accuracy_vs_wall_one_step_off.png").stat().st_size > 0
+
+
+def test_no_samples_figure_where_decoupled_ends_at_its_start(tmp_path):
+    # seed 1's decoupled run ends at 0.20, its start: every run "reaches" that at step 0, so that seed reads n/a
+    _write_runs(tmp_path / "runs", {**CURVES, ("decoupled", 1): [0.2, 0.25, 0.20]})
+    text = report(load_runs(tmp_path / "runs"), tmp_path / "out", samples_per_step=100)
+    row = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+           for line in text.splitlines() if line.startswith("| `")}
+    assert row["`pmis_sg`"][8] == "0.50x, n/a" and row["`gates_only`"][8] == "1.00x, n/a"
 
 
 def test_pairs_count_as_side_by_side_only_from_one_clean_commit_on_one_host(tmp_path):
