@@ -87,8 +87,8 @@ async def _generate(worker, delays: list[float], n: int, keep_last: int, **row):
 
 def test_tail_aborted_once_n_finished(worker):
     t0 = time.time()
-    outputs, (kept, non_tensor) = asyncio.run(_generate(worker, [0.4, 0.05, 0.2, 5.0], n=2, keep_last=0, partial=7))
-    assert time.time() - t0 < 1.0  # the 5 s row did not run to its end
+    outputs, (kept, non_tensor) = asyncio.run(_generate(worker, [2.0, 0.05, 0.2, 5.0], n=2, keep_last=0, partial=7))
+    assert time.time() - t0 < 1.0  # neither the 2 s nor the 5 s row ran to its end
     assert [o is None for o in outputs] == [True, False, False, True]  # rows 0 and 3 were still running
     assert [o.row for o in kept] == [1, 2] and non_tensor["row"].tolist() == [1, 2]  # kept in row order
     fields = kept[0].extra_fields
