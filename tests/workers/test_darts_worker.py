@@ -111,9 +111,10 @@ def test_dual_end_waits_for_all_and_keeps_the_last(worker):
 
 
 def test_finish_is_the_end_of_generation_not_of_the_reward(worker):
-    # rows finish generating at 0.05 s and 0.1 s; the first then spends 0.3 s in postprocessing (its reward). The
-    # finishing order is the generation's, so with n = 1 row 0 is kept and row 1, still generating at 0.05 s, aborted
-    outputs, (kept, _) = asyncio.run(_generate(worker, [0.05, 0.1], n=1, keep_last=0, reward_s=0.3))
+    # rows finish generating at 0.05 s and 0.5 s; the first then spends 1 s in postprocessing (its reward), past row
+    # 1's end of generation. The finishing order is the generation's, so with n = 1 row 0 is kept and row 1,
+    # still generating at 0.05 s, aborted
+    outputs, (kept, _) = asyncio.run(_generate(worker, [0.05, 0.5], n=1, keep_last=0, reward_s=1.0))
     assert [o.row for o in kept] == [0] and outputs[1] is None
 
 
